@@ -1,0 +1,152 @@
+"""Scoring functions for the evaluation protocol (DESIGN.md §5), pure and dependency-light.
+
+Answer metrics follow the SQuAD conventions so numbers are comparable with the papers we reproduce;
+each takes one prediction and a list of acceptable golds and scores the best gold. Recall@k works on
+character spans, so it does not care how a system chunked its sources. Confidence intervals are
+percentile bootstraps with a fixed seed, so a rerun reports the same interval.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+Span = tuple[str, int, int]
+"""(book, start, end): character offsets into the book's text, end exclusive."""
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _require_golds(golds: Sequence[str]) -> None:
+    if isinstance(golds, str) or not golds:
+        raise ValueError("golds must be a non-empty list of strings (a bare string would be scored per character)")
+
+
+def _f1_one(prediction: str, gold: str) -> float:
+    pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        # SQuAD v2 convention: two empty answers agree, an empty one against a real one scores 0.
+        return float(pred_tokens == gold_tokens)
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1(prediction: str, golds: Sequence[str]) -> float:
+    """Token-overlap F1 against the best-matching gold."""
+    _require_golds(golds)
+    return max(_f1_one(prediction, gold) for gold in golds)
+
+
+def exact_match(prediction: str, golds: Sequence[str]) -> float:
+    """1.0 when the normalised prediction equals some normalised gold."""
+    _require_golds(golds)
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(gold) for gold in golds))
+
+
+def sub_em(prediction: str, golds: Sequence[str]) -> float:
+    """1.0 when some normalised gold is a substring of the normalised prediction.
+
+    One direction only (gold inside prediction), as in MemAgent / InfMem: it forgives a verbose but
+    correct answer, while a prediction that is merely a fragment of the gold gets no credit. Plain
+    substring on normalised text, as those papers do, so "1987" contains the gold "198"; an empty
+    normalised gold only matches an empty prediction.
+    """
+    _require_golds(golds)
+    pred = normalize_answer(prediction)
+    normalized = (normalize_answer(gold) for gold in golds)
+    return float(any(gold in pred if gold else not pred for gold in normalized))
+
+
+def recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int) -> float:
+    """Share of gold spans overlapped by at least one of the top-k retrieved chunks.
+
+    Overlap, not containment, so the score is defined whatever the chunk size: a chunk hits a gold
+    span when both are in the same book and their half-open intervals intersect.
+    """
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    if not gold:
+        raise ValueError("recall is undefined without gold spans; skip such questions")
+    top = retrieved[:k]
+    hit = sum(
+        any(book == g_book and start < g_end and g_start < end for book, start, end in top)
+        for g_book, g_start, g_end in gold
+    )
+    return hit / len(gold)
+
+
+def _letter(choice: str) -> str:
+    return choice.strip().strip("().:").strip().upper()
+
+
+def choice_accuracy(pred_letter: str, label: str) -> float:
+    """Multiple choice: 1.0 when the letters agree, tolerating case and "(B)" / "B." wrapping."""
+    return float(bool(_letter(pred_letter)) and _letter(pred_letter) == _letter(label))
+
+
+def _same_claim(pred: str | bool, gold: str | bool) -> bool:
+    if isinstance(pred, str) and isinstance(gold, str):
+        return pred.strip().casefold() == gold.strip().casefold()
+    return pred == gold
+
+
+def pair_accuracy(pairs: Sequence[tuple[str | bool, str | bool, str | bool, str | bool]]) -> float:
+    """NoCha pair accuracy: a (true claim, false claim) pair counts only when both are judged right.
+
+    Each pair is ``(pred1, gold1, pred2, gold2)``; this removes the credit a model earns by always
+    answering the same way.
+    """
+    if not pairs:
+        raise ValueError("pair_accuracy needs at least one pair")
+    return sum(_same_claim(p1, g1) and _same_claim(p2, g2) for p1, g1, p2, g2 in pairs) / len(pairs)
+
+
+def _percentile_ci(
+    values: np.ndarray, n: int, seed: int, alpha: float
+) -> tuple[float, float, float]:
+    if values.size == 0:
+        raise ValueError("bootstrap needs at least one value")
+    if n <= 0:
+        raise ValueError(f"n (bootstrap resamples) must be positive, got {n}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(n, values.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(values.mean()), float(lo), float(hi)
+
+
+def bootstrap_ci(
+    values: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float, float]:
+    """(mean, lo, hi): percentile bootstrap interval of the mean over questions."""
+    return _percentile_ci(np.asarray(values, dtype=float), n, seed, alpha)
+
+
+def paired_bootstrap_ci(
+    a: Sequence[float], b: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float, float]:
+    """(mean, lo, hi) of mean(a - b), resampling questions jointly.
+
+    Two systems scored on the same questions are correlated; resampling the per-question
+    differences gives a much tighter, honest interval than comparing two separate intervals.
+    """
+    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a_arr.shape != b_arr.shape:
+        raise ValueError(f"paired scores must have the same length, got {a_arr.size} and {b_arr.size}")
+    return _percentile_ci(a_arr - b_arr, n, seed, alpha)

@@ -1,0 +1,26 @@
+"""Graph ``mia_rag``: static MiA-RAG (Sec. 3.2.2).
+
+Step-0 query-only retrieval of K0 chunks → InitSignature (coverage-aware greedy selection of
+K_sum session summaries, App. A) → retrieval conditioned on query + signature (Eq. 4) → answer.
+"""
+
+from __future__ import annotations
+
+from langgraph.graph import END, START, StateGraph
+
+from nodes.context import Context
+from nodes.qa import generate, init_signature, prepare, retrieve_with_signature
+from nodes.state import InputState, OutputState, QAState
+
+builder = StateGraph(QAState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder.add_node("prepare", prepare)
+builder.add_node("init_signature", init_signature)
+builder.add_node("retrieve", retrieve_with_signature)
+builder.add_node("generate", generate)
+builder.add_edge(START, "prepare")
+builder.add_edge("prepare", "init_signature")
+builder.add_edge("init_signature", "retrieve")
+builder.add_edge("retrieve", "generate")
+builder.add_edge("generate", END)
+
+graph = builder.compile(name="mia_rag")

@@ -1,0 +1,20 @@
+"""Graph ``rag``: query-only retrieval → answer. The baseline every MiA variant is compared with."""
+
+from __future__ import annotations
+
+from langgraph.graph import END, START, StateGraph
+
+from nodes.context import Context
+from nodes.qa import generate, prepare, retrieve
+from nodes.state import InputState, OutputState, QAState
+
+builder = StateGraph(QAState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder.add_node("prepare", prepare)
+builder.add_node("retrieve", retrieve)
+builder.add_node("generate", generate)
+builder.add_edge(START, "prepare")
+builder.add_edge("prepare", "retrieve")
+builder.add_edge("retrieve", "generate")
+builder.add_edge("generate", END)
+
+graph = builder.compile(name="rag")

@@ -1,0 +1,241 @@
+"""The ``mia`` command line: ingest sources, list and remove collections, ask, evaluate, serve.
+
+Every user-facing failure ends as one line ``mia: error: ...`` naming the problem and the fix,
+with exit code 2; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from stores.settings import data_root, offline_environment
+
+DEMO_BOOK = Path("books") / "holmes" / "a_study_in_scarlet.txt"
+DEMO_COLLECTION = "demo-holmes"
+DEMO_QUESTION = "In which country was Dr. Watson wounded while serving as an army surgeon?"
+
+
+class CliError(Exception):
+    """A user-facing failure with its one-line message."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from stores.chat import ModelFileError
+    from stores.ingest import InputError
+    from stores.mindscape import MindscapeError
+
+    from nodes.qa import QuestionError
+
+    errors: list[type[BaseException]] = [CliError, InputError, MindscapeError, ModelFileError, QuestionError]
+    return tuple(errors)
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import openai
+        import httpx
+
+        return (openai.APIConnectionError, openai.APITimeoutError, httpx.ConnectError)
+    except ImportError:
+        return ()
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from stores.chat import load_chat_model
+    from stores.embeddings import load_embedder
+    from stores.ingest import IngestOptions, collect_sources, ingest
+
+    options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer)
+    options.validate()
+    collect_sources(args.paths)  # fail on bad input before loading any model
+    embedder = load_embedder(args.embedder or "")
+    llm = load_chat_model() if args.summarizer == "llm" else None
+    started = time.perf_counter()
+    report = ingest(args.paths, args.collection, embedder, options=options, llm=llm, progress=not args.quiet)
+    elapsed = time.perf_counter() - started
+    print(
+        f"{args.collection}: {len(report.books_written)} book(s) written, {len(report.books_unchanged)} unchanged; "
+        f"{report.chunks} chunks, {report.summaries} summaries ({report.summaries_from_cache} from cache), "
+        f"{report.llm_calls} LLM calls, {elapsed:.1f}s"
+    )
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from stores.mindscape import Mindscape, chroma_client, list_mindscapes
+
+    client = chroma_client()
+    stats = [Mindscape(name, client).stats() for name in list_mindscapes(client)]
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    if not stats:
+        print("no collections yet: `mia ingest PATH --collection NAME` creates one")
+    for s in stats:
+        print(f"{s['collection']}: {len(s['books'])} book(s), {s['chunks']} chunks, {s['summaries']} summaries, "
+              f"{s['tokens']} tokens, embedder {s['embedder']}")
+        for b in s["books"]:
+            print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} chunks, {b['summaries']} summaries, {b['tokens']} tokens")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from stores.mindscape import delete_mindscape
+
+    delete_mindscape(args.collection)
+    print(f"removed {args.collection}")
+    return 0
+
+
+def run_question(graph_name: str, question: str, settings: dict[str, Any], options: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one question graph; returns its final state and the per-node updates (for --explain)."""
+    from graph.registry import load_graph
+    from nodes.context import context_from
+
+    ctx = context_from(settings)
+    graph = load_graph(graph_name)
+    payload: dict[str, Any] = {"question": question}
+    if options:
+        payload["options"] = list(options)
+    steps: list[dict[str, Any]] = []
+    final: dict[str, Any] = {}
+    for mode, chunk in graph.stream(payload, context=ctx, stream_mode=["updates", "values"]):
+        if mode == "updates":
+            steps.extend({"node": node, "update": update} for node, update in chunk.items() if update)
+        else:
+            final = chunk
+    return final, steps
+
+
+def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]) -> str:
+    from stores.mindscape import Mindscape
+
+    store = Mindscape(store_name)
+    lines: list[str] = []
+    if state.get("signature"):
+        lines.append("Signature (selection order, marginal gains: total = relevance + coverage + diversity):")
+        texts = {r["id"]: r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])}
+        for s in state["signature"]:
+            lines.append(f"  {s['id']}: {s['gain']:.3f} = {s['relevance']:.3f} + {s['coverage']:.3f} + {s['diversity']:.3f}")
+            lines.append(f"      {texts.get(s['id'], '')[:160]}")
+    for label, key in (("Step-0 ranking (query only)", "step0"), ("Final ranking", "retrieved")):
+        rows = state.get(key) or []
+        if rows:
+            lines.append(f"{label}:")
+            for rank, r in enumerate(rows[:20], 1):
+                lines.append(f"  {rank:>2}. {r['id']}  score {r['score']:.4f}  (s_qry {r['s_qry']:.4f}, s_sig {r['s_sig']:.4f})")
+    for entry in state.get("trajectory") or []:
+        lines.append(f"Step: {json.dumps(entry, ensure_ascii=False)[:400]}")
+    return "\n".join(lines)
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    settings = dict(kv.split("=", 1) for kv in args.set or [])
+    settings["collection"] = args.collection
+    started = time.perf_counter()
+    state, steps = run_question(args.graph, args.question, settings, args.option or ())
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({
+            "graph": args.graph, "collection": args.collection, "question": state.get("question"),
+            "answer": state.get("answer"), "citations": state.get("citations", []),
+            "signature": state.get("signature", []), "step0": state.get("step0", []),
+            "retrieved": state.get("retrieved", []), "trajectory": state.get("trajectory", []),
+            "usage": state.get("usage", {}), "seconds": round(elapsed, 3),
+        }, ensure_ascii=False))
+        return 0
+    if args.explain:
+        print(_explain(args.collection, state, steps))
+        print()
+    messages = state.get("messages") or []
+    print(messages[-1].text if messages else state.get("answer", ""))
+    usage = state.get("usage", {})
+    print(f"\n({usage.get('llm_calls', 0)} LLM calls, {usage.get('input_tokens', 0)} prompt + "
+          f"{usage.get('output_tokens', 0)} generated tokens, {elapsed:.1f}s)", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    book = data_root() / DEMO_BOOK
+    if not book.exists():
+        raise CliError(f"demo book {book} not found: set MIA_DATA to the shared data folder (it holds books/holmes/)")
+    ingest_args = argparse.Namespace(paths=[str(book)], collection=DEMO_COLLECTION, summarizer=args.summarizer,
+                                     chunk_size=200, overlap=0, window=20, embedder="", quiet=False)
+    cmd_ingest(ingest_args)
+    cmd_ls(argparse.Namespace(json=False))
+    for graph_name in ("rag", "mia_rag"):
+        print(f"\n== {graph_name}: {DEMO_QUESTION}")
+        cmd_ask(argparse.Namespace(question=DEMO_QUESTION, collection=DEMO_COLLECTION, graph=graph_name,
+                                   explain=False, json=False, set=[], option=[]))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mia", description="Question answering over sources too long for a context window.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ingest", help="turn text files into a mindscape (chunks + session summaries in Chroma)")
+    p.add_argument("paths", nargs="+", help=".txt/.md files or folders; one file is one book, in the order given")
+    p.add_argument("--collection", required=True, help="collection name (lowercase letters, digits, - and _)")
+    p.add_argument("--summarizer", choices=["llm", "extractive", "none"], default="llm",
+                   help="session summaries by the chat model (default), extractive (no LLM), or none")
+    p.add_argument("--chunk-size", type=int, default=200, help="tokens per chunk (default 200)")
+    p.add_argument("--overlap", type=int, default=0, help="tokens shared by consecutive chunks (default 0)")
+    p.add_argument("--window", type=int, default=20, help="chunks per session summary, W (default 20)")
+    p.add_argument("--embedder", default="", help="embedder spec (default: MIA_EMBEDDINGS or minilm)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("ls", help="list collections with their books, chunks, summaries and tokens")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("rm", help="delete a collection")
+    p.add_argument("collection")
+    p.set_defaults(func=cmd_rm)
+
+    from graph.registry import QUESTION_GRAPHS
+
+    p = sub.add_parser("ask", help="answer a question from a collection")
+    p.add_argument("question")
+    p.add_argument("--collection", required=True)
+    p.add_argument("--graph", choices=QUESTION_GRAPHS, default="mia_rag")
+    p.add_argument("--option", action="append", help="an answer option (repeat) for multiple choice")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a context setting, e.g. --set alpha=0.3")
+    p.add_argument("--explain", action="store_true", help="show the signature, the rankings and the agent's steps")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("demo", help="ingest a demo book from the shared data and answer a question about it")
+    p.add_argument("--summarizer", choices=["llm", "extractive"], default="llm")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    offline_environment()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "option", None) and "answer_format" not in " ".join(getattr(args, "set", None) or []):
+        args.set = (args.set or []) + ["answer_format=choice"]
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("mia: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except _user_errors() + (ValueError,) as exc:
+        print(f"mia: error: {exc}", file=sys.stderr)
+        return 2
+    except _connection_errors() as exc:
+        print(f"mia: error: cannot reach the chat or embedding endpoint ({exc}); check MIA_CHAT_BASE_URL / "
+              "MIA_EMBEDDINGS_BASE_URL, or unset them to use the embedded models", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Answer generation shared by every graph: prompt assembly, answer formats, citations, usage."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+
+import prompts
+from nodes.context import AnswerFormat
+
+FORMAT_RULES: dict[str, str] = {
+    "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
+    "If the material does not contain the answer, say so briefly.",
+    "choice": "Answer with the letter of the correct option only.",
+    "verify": "Answer TRUE if the claim is supported by the material and FALSE otherwise, with that one word only.",
+}
+_CITE = re.compile(r"\[(\d{1,3})\]")
+LETTERS = "ABCDEFGHIJ"
+
+
+def usage_of(message: BaseMessage, node: str) -> dict[str, Any]:
+    """One LLM call's usage, in the shape the ``usage`` state reducer adds up."""
+    meta = getattr(message, "usage_metadata", None) or {}
+    counts = {"llm_calls": 1, "input_tokens": int(meta.get("input_tokens", 0)), "output_tokens": int(meta.get("output_tokens", 0))}
+    return {**counts, "by_node": {node: dict(counts)}}
+
+
+def passages_block(chunks: Sequence[dict[str, Any]]) -> str:
+    """Chunks numbered [1]..[n] with their book and position, each fenced as data."""
+    return "\n".join(
+        prompts.fence(c["text"], n=i + 1, book=c["book"], position=f"chunk {c['index']}")
+        for i, c in enumerate(chunks)
+    )
+
+
+def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = ()) -> str:
+    parts = []
+    if signature:
+        parts.append(prompts.fence("\n".join(signature), tag="signature"))
+    if evidence:
+        parts.append(prompts.fence("\n".join(f"- {e}" for e in evidence), tag="evidence"))
+    return "".join(p + "\n" for p in parts)
+
+
+def answer_messages(question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
+                    options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = ()) -> list[BaseMessage]:
+    option_text = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options[: len(LETTERS)]))
+    return prompts.messages(
+        "answer",
+        format_rule=FORMAT_RULES[fmt],
+        memory=memory_block(signature, evidence),
+        passages=passages_block(chunks),
+        question=question,
+        options=option_text,
+    )
+
+
+def normalise_answer(text: str, fmt: AnswerFormat, n_options: int = 0) -> str:
+    """The scored answer: a letter, TRUE/FALSE, or the phrase without citation markers."""
+    text = text.strip()
+    if fmt == "choice":
+        valid = LETTERS[: max(n_options, 1) if n_options else len(LETTERS)]
+        match = re.search(rf"\b([{valid}])\b", text.upper())
+        return match.group(1) if match else text[:1].upper()
+    if fmt == "verify":
+        upper = text.upper()
+        if "FALSE" in upper or re.search(r"\bNO\b", upper):
+            return "FALSE"
+        return "TRUE" if ("TRUE" in upper or re.search(r"\bYES\b", upper)) else "FALSE"
+    return re.sub(r"\s+", " ", _CITE.sub("", text)).strip(" .")
+
+
+def citations(answer_text: str, chunks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chunks the model cited as [n]; when it cites none, the passages it was given, marked as such.
+
+    Small models often omit markers; the retrieved passages are then the honest provenance.
+    """
+    cited = []
+    for number in dict.fromkeys(int(n) for n in _CITE.findall(answer_text)):
+        if 1 <= number <= len(chunks):
+            cited.append(number - 1)
+    by_model = bool(cited)
+    indices = cited or list(range(min(3, len(chunks))))
+    return [
+        {"n": i + 1, "id": chunks[i]["id"], "book": chunks[i]["book"], "chunk": chunks[i]["index"],
+         "start": chunks[i]["start"], "end": chunks[i]["end"], "cited_by_model": by_model}
+        for i in indices
+    ]
+
+
+def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
+    """The chat reply: the answer with its sources, readable in any chat frontend."""
+    if not cites:
+        return answer
+    sources = "; ".join(f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']})" for c in cites)
+    return f"{answer}\n\nSources: {sources}"
+
+
+def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
+             options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
+             node: str = "generate") -> dict[str, Any]:
+    """Answer and the state update every graph's final node returns."""
+    raw: AIMessage = llm.invoke(answer_messages(question, chunks, fmt, options, signature, evidence))
+    answer = normalise_answer(raw.text, fmt, len(options))
+    cites = citations(raw.text, chunks)
+    return {
+        "answer": answer,
+        "citations": cites,
+        "messages": [AIMessage(content=reply_text(answer if fmt != "open" else raw.text.strip(), cites), id=raw.id)],
+        "usage": usage_of(raw, node),
+    }

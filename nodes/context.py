@@ -1,0 +1,123 @@
+"""The run configuration shared by every graph: a typed ``context_schema`` for LangGraph.
+
+Each field carries a description (LangGraph Studio shows these as the settings form) and falls
+back to an environment variable ``MIA_<FIELD NAME IN CAPITALS>``, so a deployment configures
+defaults once and a run overrides any of them. It lives beside the nodes because the nodes read
+it, and imports only flow from graph to nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
+
+AnswerInputs = Literal["chunks", "chunks+sig", "chunks+evi", "chunks+sig+evi", "auto"]
+SignatureInit = Literal["auto", "coverage", "first_k"]
+SigStrategy = Literal["centroid", "concat", "mia"]
+AnswerFormat = Literal["open", "choice", "verify"]
+
+
+def _setting(default: Any, description: str) -> Any:
+    """A field with a plain default (shown in Studio's form); ``__post_init__`` replaces a value
+    left at its default by ``MIA_<NAME>`` when that variable is set."""
+    return field(default=default, metadata={"description": description})
+
+
+@dataclass(kw_only=True)
+class Context:
+    collection: str = _setting("", "Mindscape (collection) to answer from; `mia ls` lists them.")
+    embedder: str = _setting(
+        "minilm", "Embedder spec: minilm, use, openai:MODEL, decoder:PATH or a local Hugging Face folder. Must match the collection's."
+    )
+    chat_base_url: str = _setting("", "OpenAI-compatible chat endpoint; empty uses the embedded Qwen2.5-0.5B.")
+    chat_model: str = _setting("", "Model name at the chat endpoint.")
+    max_new_tokens: int = _setting(256, "Most tokens the generator may write for an answer.")
+
+    top_k: int = _setting(10, "Chunks given to the generator (static graphs).")
+    k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.")
+    k_sum: int = _setting(5, "Summaries in the signature (K_sum).")
+    signature_init: SignatureInit = _setting(
+        "auto", "InitSignature variant: coverage-aware (Alg. 2), first_k, or auto (coverage for mia_rag, first_k for the agent)."
+    )
+    lambda_q: float = _setting(0.3, "Weight of query relevance in the selection objective (λ_Q).")
+    lambda_c: float = _setting(0.4, "Weight of chunk coverage in the selection objective (λ_C).")
+    lambda_d: float = _setting(0.3, "Weight of diversity in the selection objective (λ_D).")
+    alpha: float = _setting(0.5, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4).")
+    sig_strategy: SigStrategy = _setting(
+        "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), or mia (decoder embedder's δ-interpolated query)."
+    )
+    candidates: int = _setting(100, "Chunks fetched by the interpolated vector search before exact Eq. 4 rescoring.")
+
+    answer_inputs: AnswerInputs = _setting(
+        "chunks", "What the generator sees besides the question: chunks, +sig, +evi, +sig+evi, or auto (our per-question rule)."
+    )
+    answer_format: AnswerFormat = _setting("open", "open (a short phrase), choice (a letter) or verify (TRUE/FALSE).")
+
+    max_steps: int = _setting(3, "Agent: most Retrieve→Update steps (N_stop).")
+    step_k: int = _setting(20, "Agent: chunks retrieved per step.")
+    rewrite_query: bool = _setting(True, "Agent: let Update rewrite the query between steps.")
+
+    stream_chunk_tokens: int = _setting(5000, "InfMem/MemAgent: tokens of source read per step.")
+    memory_tokens: int = _setting(1024, "InfMem/MemAgent: bound on the memory, in tokens.")
+    bm25_window: int = _setting(500, "InfMem: tokens per BM25 retrieval window.")
+    bm25_overlap: int = _setting(100, "InfMem: overlap between BM25 windows, in tokens.")
+    stop_after: int = _setting(3, "InfMem: stop after this many consecutive STOP decisions (1-stop, 3-stop).")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            raw = os.environ.get(f"MIA_{f.name.upper()}")
+            if raw is not None and getattr(self, f.name) == f.default:
+                setattr(self, f.name, _coerce(f.type, raw, f.name))
+        self.validate()
+
+    def validate(self) -> None:
+        """Reject settings out of range with a message that names the setting and its range."""
+        checks = [
+            (self.top_k >= 1, "top_k must be at least 1"),
+            (self.k0 >= 1, "k0 must be at least 1"),
+            (self.k_sum >= 1, "k_sum must be at least 1"),
+            (0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]"),
+            (min(self.lambda_q, self.lambda_c, self.lambda_d) >= 0, "lambda_q, lambda_c and lambda_d must be non-negative"),
+            (self.candidates >= 1, "candidates must be at least 1"),
+            (self.max_steps >= 1, "max_steps must be at least 1"),
+            (self.step_k >= 1, "step_k must be at least 1"),
+            (self.max_new_tokens >= 1, "max_new_tokens must be at least 1"),
+            (self.stream_chunk_tokens >= 100, "stream_chunk_tokens must be at least 100"),
+            (self.memory_tokens >= 16, "memory_tokens must be at least 16"),
+            (0 <= self.bm25_overlap < self.bm25_window, "bm25_overlap must be in [0, bm25_window)"),
+            (self.stop_after >= 1, "stop_after must be at least 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"invalid setting: {message}")
+        for name, kind in (("signature_init", SignatureInit), ("sig_strategy", SigStrategy),
+                           ("answer_inputs", AnswerInputs), ("answer_format", AnswerFormat)):
+            if getattr(self, name) not in get_args(kind):
+                raise ValueError(f"invalid setting: {name} must be one of {', '.join(get_args(kind))}, got {getattr(self, name)!r}")
+
+
+def _coerce(kind: str, raw: str, name: str) -> Any:
+    """Convert an environment or CLI string to the field's type (annotations are strings here)."""
+    try:
+        if kind == "bool":
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"setting {name}={raw!r} is not a valid {kind}") from exc
+    return raw
+
+
+def context_from(overrides: dict[str, Any] | None = None) -> Context:
+    """A Context from loose key/value pairs (CLI ``--set``, API payloads), converting strings."""
+    overrides = dict(overrides or {})
+    known = {f.name: f for f in fields(Context)}
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    values = {k: _coerce(known[k].type, v, k) if isinstance(v, str) else v for k, v in overrides.items()}
+    return Context(**values)
+

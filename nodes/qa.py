@@ -1,0 +1,103 @@
+"""Nodes of the static graphs: ``rag`` (E1 → generate) and ``mia_rag`` (E1 → InitSignature → E2 → generate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from langgraph.runtime import Runtime
+
+from nodes import resources
+from nodes.answer import generate as answer_with
+from nodes.context import Context
+from nodes.retrieval import dual_signal, query_only, signature_vector
+from nodes.signature import coverage_aware, first_k, summary_pool
+from nodes.state import QAState
+
+
+class QuestionError(ValueError):
+    """The run has no usable question."""
+
+
+def question_of(state: dict[str, Any]) -> str:
+    """The explicit ``question`` if given, else the last human message of the conversation."""
+    question = (state.get("question") or "").strip()
+    messages = state.get("messages") or []
+    if messages and isinstance(messages[-1], HumanMessage):
+        question = messages[-1].text.strip() or question
+    if not question:
+        raise QuestionError("empty question: send a non-empty `question` or a human message")
+    return question
+
+
+def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Start a new question: fix it in the state and clear the previous turn's results on a thread."""
+    question = question_of(state)
+    update: dict[str, Any] = {"question": question, "usage": {"reset": True}, "signature": [], "step0": [],
+                              "retrieved": [], "citations": [], "answer": ""}
+    if not state.get("messages") or not isinstance(state["messages"][-1], HumanMessage):
+        update["messages"] = [HumanMessage(content=question)]
+    return update
+
+
+def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Query-only RAG: the top_k chunks by the query vector."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    embedder = resources.embedder(ctx, store)
+    hits = query_only(store, embedder.embed_query(state["question"]), ctx.top_k)
+    return {"retrieved": [h.as_dict() for h in hits]}
+
+
+def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Step 0 (E1, K0 candidates) and the signature selected from the summaries they light up."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    embedder = resources.embedder(ctx, store)
+    query_vec = embedder.embed_query(state["question"])
+    step0 = query_only(store, query_vec, ctx.k0)
+    picks = select_signature(store, query_vec, [h.id for h in step0], ctx, default="coverage")
+    return {"step0": [h.as_dict() for h in step0], "signature": picks}
+
+
+def select_signature(store: Any, query_vec: Any, chunk_ids: list[str], ctx: Context, default: str) -> list[dict[str, Any]]:
+    """InitSignature over ranked chunk ids; ``default`` is the variant used when the context says auto."""
+    records = store.chunk_records(chunk_ids, documents=False)
+    ranked_summaries = [r["summary_id"] for r in records if r.get("summary_id")]
+    if records and not ranked_summaries:
+        raise resources.MindscapeError(
+            f"collection {store.name!r} has no session summaries: re-ingest it with --summarizer llm or extractive"
+        )
+    variant = default if ctx.signature_init == "auto" else ctx.signature_init
+    if variant == "first_k":
+        picks = first_k(ranked_summaries, ctx.k_sum)
+    else:
+        pool, coverage = summary_pool(ranked_summaries)
+        picks = coverage_aware(
+            query_vec, pool, store.vectors("summaries", pool), store.vectors("chunks", [r["id"] for r in records if r.get("summary_id")]),
+            coverage, k=ctx.k_sum, lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d),
+        )
+    return [{"id": p.summary_id, "gain": round(p.gain, 6), "relevance": round(p.relevance, 6),
+             "coverage": round(p.coverage, 6), "diversity": round(p.diversity, 6)} for p in picks]
+
+
+def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """E2: Eq. 4 over the whole collection, conditioned on the question and the signature."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    embedder = resources.embedder(ctx, store)
+    query_vec = embedder.embed_query(state["question"])
+    sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["question"], [s["id"] for s in state["signature"]])
+    hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates)
+    return {"retrieved": [h.as_dict() for h in hits]}
+
+
+def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Answer from the retrieved chunks, with the signature when answer_inputs asks for it."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    chunks = store.chunk_records([r["id"] for r in state.get("retrieved", [])])
+    with_sig = ctx.answer_inputs in ("chunks+sig", "chunks+sig+evi") and state.get("signature")
+    signature = [r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])] if with_sig else []
+    return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
+                       state.get("options") or (), signature=signature)

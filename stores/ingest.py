@@ -1,0 +1,253 @@
+"""Ingestion: text files → a mindscape (chunks + session summaries, embedded, in Chroma).
+
+Idempotent and restartable by construction: every input is validated before anything is
+written; a book whose recorded hash matches is skipped without any model call; a book is written
+under deterministic ids and its record (the commit marker) is written last, so a run killed at
+any point leaves only rows that the next run deletes and rewrites.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+from langchain_core.language_models import BaseChatModel
+from tqdm import tqdm
+
+from stores import summaries as summ
+from stores.chunking import Chunk, chunk_text
+from stores.embeddings import Embedder
+from stores.mindscape import Mindscape, MindscapeError, chroma_client, list_mindscapes, validate_name
+from stores.summaries import SummaryCache
+from stores.tokens import count_tokens
+
+SUPPORTED_SUFFIXES = (".txt", ".md")
+EMBED_BATCH = 64
+Summarizer = Literal["llm", "extractive", "none"]
+
+
+class InputError(ValueError):
+    """Bad input to ingestion; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    book: str
+    text: str
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    chunk_size: int = 200
+    overlap: int = 0
+    window: int = 20
+    summarizer: Summarizer = "llm"
+
+    def validate(self) -> None:
+        if self.chunk_size <= 0:
+            raise InputError(f"--chunk-size must be positive, got {self.chunk_size}")
+        if not 0 <= self.overlap < self.chunk_size:
+            raise InputError(f"--overlap must be at least 0 and below --chunk-size ({self.chunk_size}), got {self.overlap}")
+        if self.window <= 0:
+            raise InputError(f"--window must be positive, got {self.window}")
+        if self.summarizer not in ("llm", "extractive", "none"):
+            raise InputError(f"--summarizer must be llm, extractive or none, got {self.summarizer!r}")
+
+
+@dataclass
+class IngestReport:
+    collection: str
+    books_written: list[str] = field(default_factory=list)
+    books_unchanged: list[str] = field(default_factory=list)
+    chunks: int = 0
+    summaries: int = 0
+    tokens: int = 0
+    llm_calls: int = 0
+    summaries_from_cache: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"chunking": 0.0, "embedding": 0.0, "summarising": 0.0, "writing": 0.0})
+
+
+def book_id(path: Path) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", path.stem.lower()).strip("-")
+    return slug or "book"
+
+
+def collect_sources(paths: Sequence[str | Path]) -> list[Source]:
+    """Read and check every input before anything is written (one file is one book)."""
+    if not paths:
+        raise InputError("no input paths given: pass one or more .txt/.md files or folders")
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise InputError(f"{path}: no such file or folder; check the path")
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES)
+            if not found:
+                raise InputError(f"{path}: folder holds no .txt or .md files; point at a folder of text files")
+            files.extend(found)
+        elif path.suffix.lower() not in SUPPORTED_SUFFIXES:
+            raise InputError(f"{path}: not a .txt or .md file; convert it to plain text first")
+        else:
+            files.append(path)
+    sources: list[Source] = []
+    seen: dict[str, Path] = {}
+    for path in files:
+        data = path.read_bytes()
+        if b"\x00" in data:
+            raise InputError(f"{path}: looks binary (contains NUL bytes); only plain-text files can be ingested")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"{path}: not valid UTF-8 (byte {exc.start}); re-encode it, e.g. `iconv -f latin1 -t utf-8`"
+            ) from exc
+        if not text.strip():
+            raise InputError(f"{path}: file is empty; remove it from the inputs")
+        book = book_id(path)
+        if book in seen and seen[book] != path:
+            raise InputError(f"{path} and {seen[book]} would both be book {book!r}; rename one of them")
+        seen[book] = path
+        sources.append(Source(path=path, book=book, text=text))
+    return sources
+
+
+def _book_hash(source: Source, options: IngestOptions, embedder: str, summary_method: str) -> str:
+    key = f"{options.chunk_size}|{options.overlap}|{options.window}|{embedder}|{summary_method}\n{source.text}"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _embed(embedder: Embedder, texts: list[str], desc: str, progress: bool) -> np.ndarray:
+    out: list[np.ndarray] = []
+    with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False) as bar:
+        for start in range(0, len(texts), EMBED_BATCH):
+            batch = texts[start : start + EMBED_BATCH]
+            out.append(embedder.embed_documents(batch))
+            bar.update(len(batch))
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+def ingest(
+    paths: Sequence[str | Path],
+    collection: str,
+    embedder: Embedder,
+    *,
+    options: IngestOptions = IngestOptions(),
+    llm: BaseChatModel | None = None,
+    client: Any | None = None,
+    cache: SummaryCache | None = None,
+    progress: bool = True,
+) -> IngestReport:
+    validate_name(collection)
+    options.validate()
+    sources = collect_sources(paths)
+    if options.summarizer == "llm" and llm is None:
+        raise InputError("the llm summarizer needs a chat model; pass --summarizer extractive to ingest without one")
+    client = client if client is not None else chroma_client()
+    existing = Mindscape(collection, client) if collection in list_mindscapes(client) else None
+    if existing is not None and existing.embedder and existing.embedder != embedder.name:
+        raise MindscapeError(
+            f"collection {collection!r} was built with embedder {existing.embedder!r}, not {embedder.name!r}: "
+            f"use a new collection name or `mia rm {collection}` first"
+        )
+    records = existing.book_records() if existing else {}
+    next_order = max((int(r["order"]) for r in records.values()), default=-1) + 1
+    cache = cache or SummaryCache()
+    method = {"llm": lambda: summ.llm_method(_model_name(llm)), "extractive": lambda: summ.EXTRACTIVE, "none": lambda: "none"}[options.summarizer]()
+    report = IngestReport(collection=collection)
+    mindscape = existing
+    for source in tqdm(sources, desc="books", unit="book", disable=not progress or len(sources) < 2):
+        digest = _book_hash(source, options, embedder.name, method)
+        record = records.get(source.book)
+        if record and record.get("hash") == digest:
+            report.books_unchanged.append(source.book)
+            continue
+        order = int(record["order"]) if record else next_order
+        next_order += 0 if record else 1
+        if mindscape is None:
+            mindscape = Mindscape(collection, client, create=True, embedder=embedder.name)
+        _write_book(mindscape, source, order, digest, embedder, llm, options, method, cache, report, progress)
+    return report
+
+
+def _model_name(llm: BaseChatModel | None) -> str:
+    from stores.chat import chat_model_name
+
+    return chat_model_name(llm) if llm is not None else ""
+
+
+def _write_book(
+    mindscape: Mindscape, source: Source, order: int, digest: str, embedder: Embedder, llm: BaseChatModel | None,
+    options: IngestOptions, method: str, cache: SummaryCache, report: IngestReport, progress: bool,
+) -> None:
+    clock = time.perf_counter()
+    chunks = chunk_text(
+        source.text, options.chunk_size, options.overlap,
+        max_model_tokens=embedder.max_tokens, count_model_tokens=embedder.count_tokens,
+    )
+    report.seconds["chunking"] += time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    chunk_vectors = _embed(embedder, [c.text for c in chunks], f"embedding {source.book}", progress)
+    report.seconds["embedding"] += time.perf_counter() - clock
+
+    windows = [chunks[i : i + options.window] for i in range(0, len(chunks), options.window)] if options.summarizer != "none" else []
+    summary_texts: list[str] = []
+    clock = time.perf_counter()
+    for j, window in enumerate(tqdm(windows, desc=f"summarising {source.book}", unit="window", disable=not progress, leave=False)):
+        window_text = source.text[window[0].start : window[-1].end]
+        key = summ.cache_key(window_text, method)
+        text = cache.get(key)
+        if text is not None:
+            report.summaries_from_cache += 1
+        elif options.summarizer == "llm":
+            text, _ = summ.llm_summary(llm, window_text, source.book, j + 1, len(windows))
+            report.llm_calls += 1
+            cache.put(key, text)
+        else:
+            rows = slice(j * options.window, j * options.window + len(window))
+            text = summ.extractive_summary([c.text for c in window], chunk_vectors[rows])
+            cache.put(key, text)
+        summary_texts.append(text or window_text[:500])
+    report.seconds["summarising"] += time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    summary_vectors = _embed(embedder, summary_texts, f"embedding summaries {source.book}", progress)
+    report.seconds["embedding"] += time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    summary_ids = [f"{source.book}:s{j:05d}" for j in range(len(windows))]
+    chunk_meta = [_chunk_metadata(mindscape.name, source.book, order, c, summary_ids[c.index // options.window] if windows else "") for c in chunks]
+    mindscape.delete_book_rows(source.book)
+    mindscape.upsert("chunks", [f"{source.book}:c{c.index:06d}" for c in chunks], chunk_vectors, [c.text for c in chunks], chunk_meta)
+    if windows:
+        summary_meta = [
+            {"collection": mindscape.name, "book": source.book, "book_order": order, "window": j,
+             "first_chunk": w[0].index, "last_chunk": w[-1].index, "start": w[0].start, "end": w[-1].end, "method": method}
+            for j, w in enumerate(windows)
+        ]
+        mindscape.upsert("summaries", summary_ids, summary_vectors, summary_texts, summary_meta)
+    tokens = count_tokens(source.text)
+    mindscape.commit_book(source.book, source.text, {
+        "order": order, "hash": digest, "file": source.path.name, "chunks": len(chunks), "summaries": len(windows),
+        "tokens": tokens, "chunk_size": options.chunk_size, "overlap": options.overlap, "window": options.window,
+        "summarizer": method,
+    })
+    report.seconds["writing"] += time.perf_counter() - clock
+    report.books_written.append(source.book)
+    report.chunks += len(chunks)
+    report.summaries += len(windows)
+    report.tokens += tokens
+
+
+def _chunk_metadata(collection: str, book: str, order: int, chunk: Chunk, summary_id: str) -> dict[str, Any]:
+    return {
+        "collection": collection, "book": book, "book_order": order, "index": chunk.index,
+        "start": chunk.start, "end": chunk.end, "tokens": chunk.tokens, "summary_id": summary_id,
+    }

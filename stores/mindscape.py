@@ -1,0 +1,234 @@
+"""The mindscape in Chroma: chunks, session summaries and books of one named collection.
+
+One mindscape NAME is three Chroma collections, ``NAME__chunks``, ``NAME__summaries`` and
+``NAME__books``, all in cosine space. Every chunk carries its ``summary_id`` and every summary its
+chunk range, so the chunk→summary map (π) and its inverse are plain metadata queries. A book's
+row in ``__books`` is written last during ingestion and acts as its commit marker: chunks or
+summaries of a book without a matching row are leftovers of an interrupted run and are replaced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+from urllib.parse import urlparse
+
+import numpy as np
+
+from stores.settings import Settings, offline_environment
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
+SUFFIXES = ("__chunks", "__summaries", "__books")
+# Chroma rejects larger single writes (~5461 records on SQLite); stay well below it.
+WRITE_BATCH = 2000
+_COSINE = {"hnsw:space": "cosine"}
+
+
+class MindscapeError(ValueError):
+    """A user-facing problem with a collection: the message says what is wrong and what to do."""
+
+
+def validate_name(name: str) -> str:
+    if not NAME_PATTERN.match(name or "") or "__" in name:
+        raise MindscapeError(
+            f"invalid collection name {name!r}: use 2-50 characters, lowercase letters, digits, '-' or '_', "
+            "starting and ending with a letter or digit, and no '__'"
+        )
+    return name
+
+
+@lru_cache(maxsize=4)
+def _client(path: str, url: str) -> Any:
+    offline_environment()
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+    if url:
+        parsed = urlparse(url)
+        if not parsed.hostname:
+            raise MindscapeError(f"MIA_CHROMA_URL={url!r} is not a URL like http://127.0.0.1:8000")
+        return chromadb.HttpClient(
+            host=parsed.hostname,
+            port=parsed.port or (443 if parsed.scheme == "https" else 8000),
+            ssl=parsed.scheme == "https",
+            settings=chroma_settings,
+        )
+    store = Path(path)
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        probe = store / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise MindscapeError(
+            f"the store path {store} is not writable ({exc.strerror}): set MIA_CHROMA_PATH or MIA_HOME to a writable folder"
+        ) from exc
+    return chromadb.PersistentClient(path=str(store), settings=chroma_settings)
+
+
+def chroma_client(settings: Settings | None = None) -> Any:
+    settings = settings or Settings()
+    return _client(str(settings.resolved_chroma_path), settings.chroma_url)
+
+
+def list_mindscapes(client: Any) -> list[str]:
+    names = {c if isinstance(c, str) else c.name for c in client.list_collections()}
+    return sorted(n.removesuffix("__books") for n in names if n.endswith("__books"))
+
+
+@dataclass(frozen=True)
+class ChunkHit:
+    id: str
+    score: float
+
+
+class Mindscape:
+    """Read and write access to one named mindscape."""
+
+    def __init__(self, name: str, client: Any | None = None, *, create: bool = False, embedder: str = "") -> None:
+        self.name = validate_name(name)
+        self.client = client if client is not None else chroma_client()
+        if not create and self.name not in list_mindscapes(self.client):
+            known = ", ".join(list_mindscapes(self.client)) or "none yet"
+            raise MindscapeError(
+                f"unknown collection {name!r} (known: {known}): create it with `mia ingest PATH --collection {name}`"
+            )
+        meta = {**_COSINE, "embedder": embedder} if create else None
+        get = self.client.get_or_create_collection if create else self.client.get_collection
+        kwargs = {"metadata": meta} if create else {}
+        # Chroma's default embedding function downloads a model: pass vectors ourselves, always.
+        self.chunks = get(f"{name}__chunks", embedding_function=None, **kwargs)
+        self.summaries = get(f"{name}__summaries", embedding_function=None, **kwargs)
+        self.books = get(f"{name}__books", embedding_function=None, **kwargs)
+        recorded = (self.chunks.metadata or {}).get("embedder", "")
+        if create and embedder and recorded and recorded != embedder:
+            raise MindscapeError(
+                f"collection {name!r} was built with embedder {recorded!r}, not {embedder!r}: "
+                f"use a new collection name or `mia rm {name}` first"
+            )
+        self.embedder = recorded or embedder
+
+    # ---- books -----------------------------------------------------------------------------
+    def book_records(self) -> dict[str, dict[str, Any]]:
+        got = self.books.get(include=["metadatas"])
+        return {i: dict(m) for i, m in zip(got["ids"], got["metadatas"])}
+
+    def book_text(self, book: str) -> str:
+        got = self.books.get(ids=[book], include=["documents"])
+        if not got["ids"]:
+            raise MindscapeError(f"collection {self.name!r} has no book {book!r}")
+        return got["documents"][0]
+
+    def ordered_books(self) -> list[str]:
+        records = self.book_records()
+        return sorted(records, key=lambda b: records[b]["order"])
+
+    # ---- reads -----------------------------------------------------------------------------
+    def chunk_records(self, ids: Sequence[str], *, documents: bool = True) -> list[dict[str, Any]]:
+        """Metadata (and text) of chunks, in the order asked."""
+        if not ids:
+            return []
+        include = ["metadatas", "documents"] if documents else ["metadatas"]
+        got = self.chunks.get(ids=list(ids), include=include)
+        by_id = {
+            i: {"id": i, **m, **({"text": d} if documents else {})}
+            for i, m, d in zip(got["ids"], got["metadatas"], got.get("documents") or [None] * len(got["ids"]))
+        }
+        return [by_id[i] for i in ids if i in by_id]
+
+    def summary_records(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        got = self.summaries.get(ids=list(ids), include=["metadatas", "documents"])
+        by_id = {i: {"id": i, **m, "text": d} for i, m, d in zip(got["ids"], got["metadatas"], got["documents"])}
+        return [by_id[i] for i in ids if i in by_id]
+
+    def vectors(self, collection: str, ids: Sequence[str]) -> np.ndarray:
+        """Stored vectors in the order asked (``collection`` is ``chunks`` or ``summaries``)."""
+        if not ids:
+            return np.zeros((0, 0), dtype=np.float32)
+        got = getattr(self, collection).get(ids=list(ids), include=["embeddings"])
+        by_id = dict(zip(got["ids"], got["embeddings"]))
+        return np.asarray([by_id[i] for i in ids], dtype=np.float32)
+
+    def chunks_of_summary(self, summary_id: str) -> list[str]:
+        got = self.chunks.get(where={"summary_id": summary_id}, include=["metadatas"])
+        pairs = sorted(zip(got["ids"], got["metadatas"]), key=lambda p: p[1]["index"])
+        return [i for i, _ in pairs]
+
+    def book_chunk_ids(self, book: str) -> list[str]:
+        got = self.chunks.get(where={"book": book}, include=["metadatas"])
+        pairs = sorted(zip(got["ids"], got["metadatas"]), key=lambda p: p[1]["index"])
+        return [i for i, _ in pairs]
+
+    def search_chunks(self, vector: np.ndarray, k: int, where: dict[str, Any] | None = None) -> list[ChunkHit]:
+        """Nearest chunks by cosine similarity (score = 1 − cosine distance)."""
+        count = self.chunks.count()
+        if count == 0 or k <= 0:
+            return []
+        got = self.chunks.query(
+            query_embeddings=[np.asarray(vector, dtype=np.float32).tolist()],
+            n_results=min(k, count),
+            where=where,
+            include=["distances"],
+        )
+        return [ChunkHit(i, 1.0 - float(d)) for i, d in zip(got["ids"][0], got["distances"][0])]
+
+    def stats(self) -> dict[str, Any]:
+        records = self.book_records()
+        return {
+            "collection": self.name,
+            "embedder": self.embedder,
+            "books": [
+                {"book": b, "order": records[b]["order"], "chunks": records[b]["chunks"],
+                 "summaries": records[b]["summaries"], "tokens": records[b]["tokens"]}
+                for b in sorted(records, key=lambda b: records[b]["order"])
+            ],
+            "chunks": self.chunks.count(),
+            "summaries": self.summaries.count(),
+            "tokens": sum(int(r["tokens"]) for r in records.values()),
+        }
+
+    # ---- writes ----------------------------------------------------------------------------
+    def delete_book_rows(self, book: str) -> None:
+        """Remove a book's chunks and summaries (its record goes first, so it is never 'complete')."""
+        self.books.delete(ids=[book])
+        self.chunks.delete(where={"book": book})
+        self.summaries.delete(where={"book": book})
+
+    def upsert(self, collection: str, ids: Sequence[str], vectors: np.ndarray,
+               documents: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
+        target = getattr(self, collection)
+        for start in range(0, len(ids), WRITE_BATCH):
+            end = start + WRITE_BATCH
+            target.upsert(
+                ids=list(ids[start:end]),
+                embeddings=np.asarray(vectors[start:end], dtype=np.float32).tolist(),
+                documents=list(documents[start:end]),
+                metadatas=list(metadatas[start:end]),
+            )
+
+    def commit_book(self, book: str, text: str, metadata: dict[str, Any]) -> None:
+        # The books collection holds no meaningful vector; a constant unit vector keeps Chroma happy.
+        self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[metadata])
+
+
+def delete_mindscape(name: str, client: Any | None = None) -> None:
+    client = client if client is not None else chroma_client()
+    validate_name(name)
+    if name not in list_mindscapes(client):
+        raise MindscapeError(f"unknown collection {name!r}: `mia ls` lists the collections")
+    for suffix in SUFFIXES:
+        try:
+            client.delete_collection(f"{name}{suffix}")
+        except Exception:  # noqa: BLE001 - a partly created mindscape may lack some collections
+            pass
+
+
+def batched(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,66 @@
+"""Process-wide settings read from the environment.
+
+Graph runs carry their own typed context (``nodes.context.Context``); these are the defaults that
+context falls back to, and what the CLI and ingestion use. One place, so that the README's
+configuration table and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def mia_home() -> Path:
+    """Caches (assembled model file, summary cache, tiktoken files, BM25 indexes, embedded Chroma)."""
+    return Path(_env("MIA_HOME") or Path.home() / ".cache" / "mia").expanduser()
+
+
+def data_root() -> Path:
+    """The shared benchmark data; ``../shared/data`` from a checkout unless MIA_DATA says otherwise."""
+    return Path(_env("MIA_DATA") or "../shared/data").expanduser()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Model and store endpoints. Empty strings mean "use the embedded default"."""
+
+    home: Path = field(default_factory=mia_home)
+    chroma_path: str = field(default_factory=lambda: _env("MIA_CHROMA_PATH"))
+    chroma_url: str = field(default_factory=lambda: _env("MIA_CHROMA_URL"))
+    embeddings: str = field(default_factory=lambda: _env("MIA_EMBEDDINGS", "minilm"))
+    embeddings_base_url: str = field(default_factory=lambda: _env("MIA_EMBEDDINGS_BASE_URL"))
+    chat_base_url: str = field(default_factory=lambda: _env("MIA_CHAT_BASE_URL"))
+    chat_model: str = field(default_factory=lambda: _env("MIA_CHAT_MODEL"))
+    api_key: str = field(default_factory=lambda: _env("MIA_API_KEY") or _env("OPENAI_API_KEY"))
+    bge_m3_path: str = field(default_factory=lambda: _env("MIA_BGE_M3_PATH"))
+
+    @property
+    def resolved_chroma_path(self) -> Path:
+        return Path(self.chroma_path).expanduser() if self.chroma_path else self.home / "chroma"
+
+
+def offline_environment() -> None:
+    """Make every library we use behave offline: no hub downloads, no telemetry, no version checks.
+
+    Called before any model or Chroma import, so that a missing file fails at once with a clear
+    message instead of hanging on a network that does not exist here.
+    """
+    defaults = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "ANONYMIZED_TELEMETRY": "False",
+        "TOKENIZERS_PARALLELISM": "false",
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        "LANGGRAPH_NO_VERSION_CHECK": "true",
+        "LANGSMITH_TRACING": "false",
+        "TIKTOKEN_CACHE_DIR": str(mia_home() / "tiktoken"),
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)

@@ -1,0 +1,118 @@
+"""Metrics against values worked out by hand, so a refactor cannot silently shift reported numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from evals.metrics import (
+    bootstrap_ci,
+    choice_accuracy,
+    exact_match,
+    f1,
+    normalize_answer,
+    pair_accuracy,
+    paired_bootstrap_ci,
+    recall_at_k,
+    sub_em,
+)
+
+
+def test_normalize_answer() -> None:
+    assert normalize_answer("The  Quick, brown-fox!") == "quick brownfox"
+    assert normalize_answer("An apple a day") == "apple day"
+    assert normalize_answer("Theatre") == "theatre"  # articles only as whole words
+
+
+def test_f1_hand_computed() -> None:
+    # pred -> [cat, sat, on, mat], gold -> [cat, on, mat]: common 3, P = 3/4, R = 1, F1 = 1.5/1.75 = 6/7
+    assert f1("The cat sat on the mat", ["a cat on a mat"]) == pytest.approx(6 / 7)
+    # gold 1 -> [she, had, golden, hair]: common 2, P = 1, R = 1/2, F1 = 2/3
+    # gold 2 -> [red, hair]: common 1, P = R = 1/2, F1 = 1/2; the max over golds is 2/3
+    assert f1("golden hair", ["She had golden hair.", "red hair"]) == pytest.approx(2 / 3)
+    # pred -> [cat, cat, cat], gold -> [cat, dog]: common min(3, 1) = 1, P = 1/3, R = 1/2, F1 = 2/5
+    assert f1("the cat cat cat", ["cat dog"]) == pytest.approx(0.4)
+    assert f1("dog", ["cat"]) == 0.0
+    assert f1("", ["the"]) == 1.0  # both normalise to nothing
+    assert f1("cat", ["a"]) == 0.0
+
+
+def test_exact_match_and_sub_em() -> None:
+    assert exact_match("Rush.", ["rush"]) == 1.0
+    assert exact_match("The band Rush", ["Rush"]) == 0.0
+    assert exact_match("Toto", ["Rush", "toto!"]) == 1.0
+    assert sub_em("The band was Rush.", ["rush"]) == 1.0
+    assert sub_em("Rush", ["Rush band"]) == 0.0  # gold inside prediction only, not the reverse
+    assert sub_em("anything", ["the"]) == 0.0  # an empty normalised gold matches only an empty prediction
+    assert sub_em("", ["an"]) == 1.0
+
+
+def test_golds_must_be_a_list() -> None:
+    with pytest.raises(ValueError):
+        f1("rush", "rush")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        exact_match("rush", [])
+
+
+def test_recall_at_k() -> None:
+    gold = [("b1", 100, 200), ("b1", 300, 400), ("b2", 0, 50)]
+    retrieved = [
+        ("b1", 150, 160),  # inside gold 1
+        ("b2", 50, 100),  # touches gold 3 at 50 only: half-open intervals do not overlap
+        ("b1", 390, 500),  # overlaps the end of gold 2
+        ("b3", 0, 50),  # same offsets as gold 3, other book
+        ("b2", 40, 60),  # overlaps gold 3
+    ]
+    assert recall_at_k(retrieved, gold, 1) == pytest.approx(1 / 3)
+    assert recall_at_k(retrieved, gold, 2) == pytest.approx(1 / 3)
+    assert recall_at_k(retrieved, gold, 3) == pytest.approx(2 / 3)
+    assert recall_at_k(retrieved, gold, 4) == pytest.approx(2 / 3)
+    assert recall_at_k(retrieved, gold, 5) == 1.0
+    assert recall_at_k(retrieved, gold, 50) == 1.0
+    assert recall_at_k([("b2", 100, 200)], [("b1", 100, 200)], 1) == 0.0  # same offsets, other book
+    # one chunk covering two gold spans hits both
+    assert recall_at_k([("b1", 0, 1000)], gold[:2], 1) == 1.0
+    with pytest.raises(ValueError):
+        recall_at_k(retrieved, [], 3)
+    with pytest.raises(ValueError):
+        recall_at_k(retrieved, gold, 0)
+
+
+def test_choice_and_pair_accuracy() -> None:
+    assert choice_accuracy("(b)", "B") == 1.0
+    assert choice_accuracy("B.", "b") == 1.0
+    assert choice_accuracy("C", "B") == 0.0
+    assert choice_accuracy("", "A") == 0.0
+    pairs = [
+        (True, True, False, False),  # both right
+        (True, True, True, False),  # second wrong: the pair fails
+        ("yes", "Yes", "no", "NO "),  # both right, case and spacing ignored
+    ]
+    assert pair_accuracy(pairs) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        pair_accuracy([])
+
+
+def test_bootstrap_ci() -> None:
+    values = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1]
+    mean, lo, hi = bootstrap_ci(values)
+    assert mean == pytest.approx(0.7)
+    assert lo <= mean <= hi
+    assert 0.0 <= lo < hi <= 1.0
+    assert bootstrap_ci(values) == (mean, lo, hi)  # same seed, same interval
+    assert bootstrap_ci([0.5] * 7) == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+
+
+def test_paired_bootstrap_ci() -> None:
+    a = [0.9, 0.4, 0.7, 1.0, 0.2, 0.6]
+    assert paired_bootstrap_ci(a, a) == (0.0, 0.0, 0.0)
+    mean, lo, hi = paired_bootstrap_ci(a, [x - 0.1 for x in a])  # constant difference: no spread
+    assert (mean, lo, hi) == pytest.approx((0.1, 0.1, 0.1))
+    b = [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+    mean, lo, hi = paired_bootstrap_ci(a, b, seed=3)
+    assert mean == pytest.approx(sum(a) / 6 - 0.5)
+    assert lo <= mean <= hi
+    assert paired_bootstrap_ci(a, b, seed=3) == (mean, lo, hi)
+    with pytest.raises(ValueError):
+        paired_bootstrap_ci(a, b[:-1])
