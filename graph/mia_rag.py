@@ -9,7 +9,7 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from nodes.context import Context
-from nodes.qa import generate, init_signature, prepare, retrieve_with_signature
+from nodes.qa import after_retrieval, generate, init_signature, prepare, retrieve_with_signature
 from nodes.state import InputState, OutputState, QAState
 
 builder = StateGraph(QAState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
@@ -20,7 +20,7 @@ builder.add_node("generate", generate)
 builder.add_edge(START, "prepare")
 builder.add_edge("prepare", "init_signature")
 builder.add_edge("init_signature", "retrieve")
-builder.add_edge("retrieve", "generate")
+builder.add_conditional_edges("retrieve", after_retrieval, {"generate": "generate", "end": END})
 builder.add_edge("generate", END)
 
 graph = builder.compile(name="mia_rag")

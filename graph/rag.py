@@ -5,7 +5,7 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from nodes.context import Context
-from nodes.qa import generate, prepare, retrieve
+from nodes.qa import after_retrieval, generate, prepare, retrieve
 from nodes.state import InputState, OutputState, QAState
 
 builder = StateGraph(QAState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
@@ -14,7 +14,7 @@ builder.add_node("retrieve", retrieve)
 builder.add_node("generate", generate)
 builder.add_edge(START, "prepare")
 builder.add_edge("prepare", "retrieve")
-builder.add_edge("retrieve", "generate")
+builder.add_conditional_edges("retrieve", after_retrieval, {"generate": "generate", "end": END})
 builder.add_edge("generate", END)
 
 graph = builder.compile(name="rag")

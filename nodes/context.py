@@ -34,6 +34,7 @@ class Context:
     chat_model: str = _setting("", "Model name at the chat endpoint.")
     max_new_tokens: int = _setting(256, "Most tokens the generator may write for an answer.")
 
+    retrieval_only: bool = _setting(False, "Stop after retrieval, with no LLM call (evaluation, debugging).")
     top_k: int = _setting(10, "Chunks given to the generator (static graphs).")
     k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.")
     k_sum: int = _setting(5, "Summaries in the signature (K_sum).")

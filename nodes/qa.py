@@ -92,6 +92,11 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[s
     return {"retrieved": [h.as_dict() for h in hits]}
 
 
+def after_retrieval(state: QAState, runtime: Runtime[Context]) -> str:
+    """Route to the generator unless the run only wants the rankings."""
+    return "end" if runtime.context.retrieval_only else "generate"
+
+
 def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     """Answer from the retrieved chunks, with the signature when answer_inputs asks for it."""
     ctx = runtime.context

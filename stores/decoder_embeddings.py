@@ -2,28 +2,30 @@
 
 These models are causal LMs used as encoders, so the embedding is the last-layer hidden state of a
 chosen token rather than a mean over tokens. MiA-Emb additionally reads a query *and* a signature in
-one pass and mixes two hidden states of that pass (MiA-Signature paper, Appendix B; DESIGN.md §3):
+one pass and mixes two of its hidden states (MiA-Signature paper, Appendix B; DESIGN.md §3):
 
 * ``h_q`` at the ``<|endoftext|>`` that closes the query. Causal attention means it has seen the
   instruction and the query but none of the signature, so it is exactly the query-only embedding.
 * ``h_t`` at the final token, after the signature: the signature-situated query.
 
-``q = normalise(δ·normalise(h_q) + (1−δ)·normalise(h_t))``.  Both parts are normalised *before* mixing so
-that δ is a weight between two directions, not between two arbitrary norms (the hidden state at
-mid-sequence and at the end need not have the same length). With unit parts,
+``q = normalise(δ·normalise(h_q) + (1−δ)·normalise(h_t))``. Both parts are normalised *before* mixing
+so that δ weighs two directions, not two arbitrary norms (the states at mid-sequence and at the
+end need not have the same length). With unit parts,
 ``q·c ∝ δ·cos(h_q, c) + (1−δ)·cos(h_t, c)``: ranking chunks by ``q`` is ranking them by the paper's
 Eq. 4 score ``(1−α)·s_qry + α·s_sig`` with ``α = 1−δ``.
 
 Query format with a signature, after Fig. 16 of the MiA-RAG paper (the format MiA-Emb was trained on)::
 
-    Instruct: {instruction}\\nQuery: {query}<|endoftext|>Here is the summary providing possibly useful
-    global information. Please encode the query based on the summary:\\nSummary: {signature}<|node_mode|><|chunk_mode|>
+    Instruct: {instruction}\\nQuery: {query}<|endoftext|>{SIGNATURE_BRIDGE}{signature}<|node_mode|><|chunk_mode|>
+
+with ``SIGNATURE_BRIDGE`` = "Here is the summary providing possibly useful global information. Please
+encode the query based on the summary:\\nSummary: ".
 
 The published figure is extracted from a PDF, so the exact whitespace around the special tokens is
 a best reading, not a certainty. ``<|node_mode|>``/``<|chunk_mode|>`` are the task tokens that end
-the MiA-Emb query; they are tokenised as single special tokens only when the checkpoint's tokenizer
-defines them, otherwise they stay plain text (a warning says so at load time) — which is what a
-tokenizer without them would have seen in training anyway, if it ever saw them.
+the MiA-Emb query. They become single special tokens only when the checkpoint's tokenizer defines
+them; otherwise (e.g. a plain Qwen3-Embedding or SFT-Emb folder) they are tokenised as ordinary
+text, and a warning at load time says so, since such a model was not trained on this format.
 
 Padding is done on the left (the pad token is also ``<|endoftext|>``), so every sequence ends at the
 last column, and positions are taken from the attention mask, never by searching for the token.
@@ -113,7 +115,7 @@ class DecoderEmbeddings(Embeddings):
         return self.embed_queries([text])[0]
 
     def embed_queries(self, queries: Sequence[str]) -> list[list[float]]:
-        """Batched :meth:`embed_query`; its vectors equal the δ=1 case of the signature form exactly."""
+        """Batched :meth:`embed_query`; equal, up to float rounding, to the signature form at δ=1."""
         seqs = [self._query_ids(q) for q in queries]
         return [vecs[0].tolist() for vecs in self._pooled(seqs, [[len(s) - 1] for s in seqs], "query")]
 
@@ -130,10 +132,10 @@ class DecoderEmbeddings(Embeddings):
             tail = self._ids(f"{SIGNATURE_BRIDGE}{signature}{''.join(TASK_TOKENS)}")
             seqs.append(head + tail)
             marks.append([len(head) - 1, len(head) + len(tail) - 1])
-        vectors = []
-        for h_q, h_t in self._pooled(seqs, marks, "query"):
-            vectors.append(F.normalize(self.delta * h_q + (1.0 - self.delta) * h_t, dim=-1).tolist())
-        return vectors
+        return [
+            F.normalize(self.delta * h_q + (1.0 - self.delta) * h_t, dim=-1).tolist()
+            for h_q, h_t in self._pooled(seqs, marks, "query")
+        ]
 
     def _end_of_text_id(self) -> int:
         """Prefer the literal ``<|endoftext|>``: Qwen3 tokenizers declare ``<|im_end|>`` as eos, but the
