@@ -105,6 +105,10 @@ class DecoderEmbeddings(Embeddings):
         ).to(self.device)
         self.model.eval()
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a document before its end token: what ingestion checks against ``max_length - 1``."""
+        return len(self._ids(text))
+
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Chunks end with ``<|endoftext|>`` and are pooled there, as Qwen3-Embedding was trained."""
         seqs = [self._ids(text) + [self.end_id] for text in texts]
