@@ -49,10 +49,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from stores.chat import load_chat_model
     from stores.embeddings import load_embedder
     from stores.ingest import IngestOptions, collect_sources, ingest
+    from stores.mindscape import chroma_client, validate_name
 
     options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer)
     options.validate()
+    validate_name(args.collection)
     collect_sources(args.paths)  # fail on bad input before loading any model
+    chroma_client()  # and on an unusable store (cached: ingest reuses this client)
     embedder = load_embedder(args.embedder or "")
     llm = load_chat_model() if args.summarizer == "llm" else None
     started = time.perf_counter()
@@ -134,8 +137,19 @@ def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]
     return "\n".join(lines)
 
 
+def _settings_of(pairs: Sequence[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` pairs as a dict, refusing a pair without ``=`` by name."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--set {pair!r} is not KEY=VALUE; e.g. --set alpha=0.3")
+        settings[key.strip()] = value
+    return settings
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
-    settings = dict(kv.split("=", 1) for kv in args.set or [])
+    settings = _settings_of(args.set or [])
     settings["collection"] = args.collection
     started = time.perf_counter()
     state, steps = run_question(args.graph, args.question, settings, args.option or ())

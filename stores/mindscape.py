@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from stores.settings import Settings, offline_environment
+from stores.settings import Settings, offline_environment, writable_dir
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
 SUFFIXES = ("__chunks", "__summaries", "__books")
@@ -57,16 +57,7 @@ def _client(path: str, url: str) -> Any:
             ssl=parsed.scheme == "https",
             settings=chroma_settings,
         )
-    store = Path(path)
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-        probe = store / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise MindscapeError(
-            f"the store path {store} is not writable ({exc.strerror}): set MIA_CHROMA_PATH or MIA_HOME to a writable folder"
-        ) from exc
+    store = writable_dir(Path(path), "MIA_CHROMA_PATH or MIA_HOME")
     return chromadb.PersistentClient(path=str(store), settings=chroma_settings)
 
 

@@ -26,6 +26,26 @@ def data_root() -> Path:
     return Path(_env("MIA_DATA") or "../shared/data").expanduser()
 
 
+class SettingsError(ValueError):
+    """A setting names a place that cannot be used; the message says which setting to change."""
+
+
+def writable_dir(path: Path, setting: str) -> Path:
+    """Create ``path`` if needed and prove it takes files, or say which setting to change.
+
+    Caches live under MIA_HOME; without this check a bad MIA_HOME surfaces as a traceback from
+    whichever cache happens to be opened first.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise SettingsError(f"{path} is not a writable folder ({exc.strerror}): set {setting} to a writable folder") from exc
+    return path
+
+
 @dataclass(frozen=True)
 class Settings:
     """Model and store endpoints. Empty strings mean "use the embedded default"."""

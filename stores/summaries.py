@@ -16,17 +16,29 @@ import numpy as np
 from langchain_core.language_models import BaseChatModel
 
 import prompts
-from stores.settings import mia_home
+from stores.settings import mia_home, writable_dir
 
 SUMMARY_WORDS = 120
-EXTRACTIVE = "extractive-v1"
-_SENTENCE = re.compile(r"(?<=[.!?。！？])[\"'”’)\]]*\s+")
+EXTRACTIVE = "extractive-v2"  # bump when the extractive method changes: it is part of the cache key
+# A sentence ends at . ! ? followed by whitespace (or the end), or at CJK 。！？ (CJK text has no
+# spaces); closing quotes and brackets after the mark belong to the sentence they close.
+_SENTENCE_END = re.compile(r"(?:[.!?][\"'”’)\]]*(?=\s|$)|[。！？][\"'”’」』）)\]]*)")
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``, verbatim (so an extractive summary quotes its window exactly)."""
+    found, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        found.append(text[start : match.end()].strip())
+        start = match.end()
+    found.append(text[start:].strip())
+    return [s for s in found if s]
 
 
 class SummaryCache:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or mia_home() / "summaries.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        writable_dir(self.path.parent, "MIA_HOME")
         with self._connect() as db:
             db.execute("CREATE TABLE IF NOT EXISTS summaries (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
 
@@ -77,6 +89,5 @@ def extractive_summary(chunk_texts: list[str], chunk_vectors: np.ndarray, senten
     nearest = sorted(np.argsort(-(chunk_vectors @ centroid))[:chunks])
     picked = []
     for i in nearest:
-        sentences = [s.strip() for s in _SENTENCE.split(chunk_texts[i].strip()) if s.strip()]
-        picked.append(" ".join(sentences[:sentences_per_chunk]))
+        picked.append(" ".join(sentences(chunk_texts[i])[:sentences_per_chunk]))
     return " … ".join(picked)

@@ -18,10 +18,13 @@ from pathlib import Path
 
 import tiktoken
 
-from stores.settings import offline_environment
+from stores.settings import offline_environment, writable_dir
 
 ENCODING = "cl100k_base"
 _BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+# The hash tiktoken publishes for this file (tiktoken_ext.openai_public). tiktoken deletes a cached
+# file that does not match it and then tries the network, so a bad file must be rewritten here.
+_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 
 
 def _quicktok_vocab() -> Path:
@@ -46,15 +49,22 @@ def _tiktoken_text(vocab: bytes) -> bytes:
 
 
 def ensure_tiktoken_cache() -> None:
-    """Write the cl100k table where tiktoken looks for it, once per cache folder."""
+    """Write the cl100k table where tiktoken looks for it, unless a file with the right hash is there.
+
+    A file with another hash (truncated, from another vocabulary) is rewritten rather than left for
+    tiktoken, which would delete it and try to download the original.
+    """
     offline_environment()
     cache_dir = Path(os.environ["TIKTOKEN_CACHE_DIR"])
     target = cache_dir / hashlib.sha1(_BLOB_URL.encode()).hexdigest()
-    if target.exists():
+    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == _SHA256:
         return
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    writable_dir(cache_dir, "TIKTOKEN_CACHE_DIR (or MIA_HOME)")
+    data = _tiktoken_text(_quicktok_vocab().read_bytes())
+    if hashlib.sha256(data).hexdigest() != _SHA256:
+        raise RuntimeError("the cl100k table from quicktok-v1 does not match tiktoken's hash; reinstall quicktok-v1==0.4.0")
     tmp = target.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(_tiktoken_text(_quicktok_vocab().read_bytes()))
+    tmp.write_bytes(data)
     tmp.replace(target)
 
 

@@ -1,0 +1,325 @@
+"""Speed benchmarks, ``mia bench NAME``: figures measured in one run, printed with their goals.
+
+Every figure that is compared with another is measured in the same process, on the same input,
+one right after the other, because absolute times on a shared two-core machine vary by a factor of
+two from minute to minute while ratios measured side by side do not. Nothing here asserts a time:
+the goals are printed next to the figures for a person to read.
+
+* ``mia bench ingest [PATH]``: ingestion throughput (tokens/s) per stage, and the overhead of
+  ingestion over pure embedding: (ingestion without summaries) / (``embed_documents`` on the same
+  chunk texts with the same batch size). Goal ≤ 1.15: ingestion should cost little beyond the
+  embedding it cannot avoid.
+* ``mia bench retrieval --collection NAME``: per-question retrieval time of ``mia_rag`` and ``rag``
+  (retrieval only, no LLM), per stage (query embedding, E1, signature selection, E2) from the node
+  functions, and end to end through the compiled graphs. Goals: mia_rag / rag ≤ 1.5, selection
+  ≤ 5 ms at K0 = 50.
+
+Adding a benchmark (``serve``, ``cost``, ...): write ``add_NAME_bench(benches)``, which adds its
+parser with ``func=`` its handler (returning an exit code), and list it in :data:`BENCHMARKS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from stores.settings import data_root
+
+DEFAULT_BOOK = Path("books") / "holmes" / "the_sign_of_the_four.txt"
+"""A mid-size real novel (~62k tokens, ~300 chunks at the default size): long enough that the
+per-chunk costs dominate, short enough to ingest three times in about a minute on two cores."""
+INGEST_GOAL = 1.15
+RETRIEVAL_GOAL = 1.5
+SELECTION_GOAL_MS = 5.0
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _machine() -> str:
+    return f"{os.cpu_count()} cores, {_device()}"
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "median": statistics.median(values)}
+
+
+# ---------------------------------------------------------------------------------------------
+# ingestion
+
+
+def measure_ingest(path: Path, summarizer: str = "extractive", embedder_spec: str = "") -> dict[str, Any]:
+    """Ingest ``path`` into a throwaway store (twice: as asked, then without summaries) and embed
+    its chunk texts once more on their own; all three with the same embedder in one process.
+
+    A fresh store and summary cache per run, so nothing is skipped as unchanged or served from a
+    cache. The embedder is warmed up first, so no run pays for loading weights or first-call setup.
+    """
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    from stores.chunking import chunk_text
+    from stores.embeddings import load_embedder
+    from stores.ingest import EMBED_BATCH, IngestOptions, collect_sources, ingest
+    from stores.summaries import SummaryCache
+    from stores.tokens import count_tokens
+
+    (source,) = collect_sources([path])
+    embedder = load_embedder(embedder_spec)
+    embedder.embed_documents([source.text[:2000]] * 4)  # warm-up
+    tokens = count_tokens(source.text)
+
+    def run(summary_mode: str) -> tuple[Any, float]:
+        with tempfile.TemporaryDirectory(prefix="mia-bench-") as tmp:
+            client = chromadb.PersistentClient(path=str(Path(tmp) / "chroma"), settings=ChromaSettings(anonymized_telemetry=False))
+            options = IngestOptions(summarizer=summary_mode)
+            started = time.perf_counter()
+            report = ingest([path], "bench", embedder, options=options, client=client,
+                            cache=SummaryCache(Path(tmp) / "summaries.sqlite"), progress=False)
+            return report, time.perf_counter() - started
+
+    report, total = run(summarizer)
+    plain, plain_total = (report, total) if summarizer == "none" else run("none")
+
+    options = IngestOptions()
+    texts = [c.text for c in chunk_text(source.text, options.chunk_size, options.overlap,
+                                        max_model_tokens=embedder.max_tokens, count_model_tokens=embedder.count_tokens)]
+    started = time.perf_counter()
+    for start in range(0, len(texts), EMBED_BATCH):
+        embedder.embed_documents(texts[start : start + EMBED_BATCH])
+    pure = time.perf_counter() - started
+
+    stages = {name: {"seconds": s, "tokens_per_s": tokens / s if s > 0 else float("inf")} for name, s in report.seconds.items()}
+    return {
+        "book": str(path), "tokens": tokens, "chunks": report.chunks, "summaries": report.summaries,
+        "embedder": embedder.name, "machine": _machine(), "summarizer": summarizer, "batch": EMBED_BATCH,
+        "stages": stages, "total_seconds": total, "total_tokens_per_s": tokens / total,
+        "ingest_without_summaries_seconds": plain_total, "ingest_without_summaries_stages": plain.seconds,
+        "pure_embedding_seconds": pure, "pure_embedding_chunks": len(texts),
+        "ratio": plain_total / pure, "goal": INGEST_GOAL,
+    }
+
+
+def print_ingest(result: dict[str, Any]) -> None:
+    print(f"mia bench ingest: {result['book']}")
+    print(f"  {result['tokens']:,} tokens, {result['chunks']} chunks, {result['summaries']} summaries; "
+          f"embedder {result['embedder']} ({result['machine']}), batch {result['batch']}")
+    print(f"  ingestion with --summarizer {result['summarizer']}:")
+    print(f"    {'stage':<12}{'seconds':>10}{'tokens/s':>12}")
+    for name, stage in result["stages"].items():
+        print(f"    {name:<12}{stage['seconds']:>10.2f}{stage['tokens_per_s']:>12,.0f}")
+    print(f"    {'total':<12}{result['total_seconds']:>10.2f}{result['total_tokens_per_s']:>12,.0f}"
+          "   (end to end, incl. reading, hashing, opening the store)")
+    ratio, goal = result["ratio"], result["goal"]
+    print(f"  ingestion without summaries: {result['ingest_without_summaries_seconds']:.2f} s; "
+          f"pure embedding of the same {result['pure_embedding_chunks']} chunk texts: {result['pure_embedding_seconds']:.2f} s")
+    print(f"  ratio (ingestion without summaries) / (pure embedding) = {ratio:.3f}   goal ≤ {goal}: "
+          f"{'met' if ratio <= goal else 'NOT met'}")
+
+
+def cmd_ingest_bench(args: argparse.Namespace) -> int:
+    path = Path(args.path) if args.path else data_root() / DEFAULT_BOOK
+    if not path.exists():
+        raise ValueError(f"{path}: no such file; pass a .txt file or set MIA_DATA to the shared data folder")
+    result = measure_ingest(path, args.summarizer, args.embedder)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_ingest(result)
+    return 0
+
+
+def add_ingest_bench(benches: Any) -> argparse.ArgumentParser:
+    p = benches.add_parser("ingest", help="ingestion throughput per stage and its overhead over pure embedding (goal ≤ 1.15)")
+    p.add_argument("path", nargs="?", help=f"a .txt book (default: {DEFAULT_BOOK} in the shared data)")
+    p.add_argument("--summarizer", choices=["none", "extractive"], default="extractive",
+                   help="summaries for the per-stage run (default extractive; the ratio always uses none)")
+    p.add_argument("--embedder", default="", help="embedder spec (default: MIA_EMBEDDINGS or minilm)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_ingest_bench)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# retrieval
+
+
+def questions_from(store: Any, n: int) -> list[str]:
+    """``n`` questions from the collection itself, one per chunk for chunks spread evenly over it.
+
+    Each is the chunk's second sentence of at least six words (its first is usually the tail of a
+    sentence cut by the chunk boundary), or its first when there is no second. Any collection can
+    be benchmarked this way without a question file, and each question has matching text in the
+    collection, so the searches do realistic work. Deterministic for a given collection.
+    """
+    from stores.summaries import sentences
+
+    ids = [i for book in store.ordered_books() for i in store.book_chunk_ids(book)]
+    if not ids:
+        raise ValueError(f"collection {store.name!r} has no chunks to take questions from")
+    picks = [ids[int(i)] for i in np.linspace(0, len(ids) - 1, num=min(n, len(ids)))]
+    questions = []
+    for record in store.chunk_records(picks):
+        found = [s for s in sentences(record["text"]) if len(s.split()) >= 6]
+        questions.append((found[1] if len(found) > 1 else (found or [record["text"]])[0])[:300])
+    return questions
+
+
+def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per question: the stages of both graphs from the node functions, then both compiled graphs
+    end to end (retrieval only); which graph runs first alternates between questions, so neither
+    systematically gets the warmer caches."""
+    from graph.registry import load_graph
+    from nodes import resources
+    from nodes.context import context_from
+    from nodes.qa import select_signature
+    from nodes.retrieval import dual_signal, query_only, signature_vector
+    from nodes.signature import coverage_aware, summary_pool
+    from stores.mindscape import Mindscape
+
+    ctx = context_from({**(settings or {}), "collection": collection, "retrieval_only": True})
+    store = Mindscape(collection)
+    if store.summaries.count() == 0:
+        raise ValueError(f"collection {collection!r} has no session summaries: re-ingest it with --summarizer llm or extractive")
+    embedder = resources.embedder(ctx, store)
+    questions = questions_from(store, n_questions)
+    graphs = {name: load_graph(name) for name in ("rag", "mia_rag")}
+
+    # Query vectors are memoised per text (stores.embeddings); each measurement starts without
+    # them, as a new question would, so every run pays for its own query embedding.
+    def stages_mia(question: str) -> dict[str, float]:
+        embedder.forget_queries()
+        t0 = time.perf_counter()
+        query_vec = embedder.embed_query(question)
+        t1 = time.perf_counter()
+        step0 = query_only(store, query_vec, ctx.k0)
+        t2 = time.perf_counter()
+        picks = select_signature(store, query_vec, [h.id for h in step0], ctx, default="coverage")
+        t3 = time.perf_counter()
+        sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, [p["id"] for p in picks])
+        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates)
+        t4 = time.perf_counter()
+        # The greedy alone (Alg. 2 on arrays already in memory), apart from fetching them from Chroma.
+        records = store.chunk_records([h.id for h in step0], documents=False)
+        pool, coverage = summary_pool([r["summary_id"] for r in records])
+        arrays = (store.vectors("summaries", pool), store.vectors("chunks", [r["id"] for r in records]))
+        t5 = time.perf_counter()
+        coverage_aware(query_vec, pool, *arrays, coverage, k=ctx.k_sum, lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d))
+        t6 = time.perf_counter()
+        return {"query_embedding": t1 - t0, "e1": t2 - t1, "selection": t3 - t2, "e2": t4 - t3,
+                "total": t4 - t0, "selection_greedy_only": t6 - t5}
+
+    def stages_rag(question: str) -> dict[str, float]:
+        embedder.forget_queries()
+        t0 = time.perf_counter()
+        query_vec = embedder.embed_query(question)
+        t1 = time.perf_counter()
+        query_only(store, query_vec, ctx.top_k)
+        t2 = time.perf_counter()
+        return {"query_embedding": t1 - t0, "e1": t2 - t1, "total": t2 - t0}
+
+    def end_to_end(name: str, question: str) -> float:
+        embedder.forget_queries()
+        started = time.perf_counter()
+        graphs[name].invoke({"question": question}, context=ctx)
+        return time.perf_counter() - started
+
+    for name in graphs:  # warm-up: models, Chroma segments, LangGraph compilation caches
+        end_to_end(name, questions[0])
+    stages_mia(questions[0])
+    times: dict[str, dict[str, list[float]]] = {"mia_rag": {}, "rag": {}, "graph:mia_rag": {}, "graph:rag": {}}
+    for i, question in enumerate(questions):
+        order = ("rag", "mia_rag") if i % 2 == 0 else ("mia_rag", "rag")
+        for name in order:
+            for stage, seconds in (stages_mia(question) if name == "mia_rag" else stages_rag(question)).items():
+                times[name].setdefault(stage, []).append(seconds)
+        for name in order:
+            times[f"graph:{name}"].setdefault("total", []).append(end_to_end(name, question))
+
+    summary = {system: {stage: _stats(values) for stage, values in stages.items()} for system, stages in times.items()}
+    return {
+        "collection": collection, "chunks": store.chunks.count(), "summaries": store.summaries.count(),
+        "embedder": embedder.name, "machine": _machine(), "questions": len(questions),
+        "question_source": "first sentences of chunks spread evenly over the collection",
+        "settings": {"k0": ctx.k0, "k_sum": ctx.k_sum, "top_k": ctx.top_k, "candidates": ctx.candidates,
+                     "alpha": ctx.alpha, "sig_strategy": ctx.sig_strategy},
+        "stages": summary,
+        "ratio_stages": summary["mia_rag"]["total"]["mean"] / summary["rag"]["total"]["mean"],
+        "ratio_graphs": summary["graph:mia_rag"]["total"]["mean"] / summary["graph:rag"]["total"]["mean"],
+        "goal": RETRIEVAL_GOAL, "selection_goal_ms": SELECTION_GOAL_MS,
+    }
+
+
+def print_retrieval(result: dict[str, Any]) -> None:
+    s = result["settings"]
+    print(f"mia bench retrieval: collection {result['collection']} ({result['chunks']} chunks, {result['summaries']} summaries), "
+          f"embedder {result['embedder']} ({result['machine']})")
+    print(f"  {result['questions']} questions ({result['question_source']}); K0={s['k0']}, K_sum={s['k_sum']}, "
+          f"top_k={s['top_k']}, candidates={s['candidates']}, alpha={s['alpha']}, sig_strategy={s['sig_strategy']}")
+    print(f"    {'system':<14}{'stage':<24}{'mean ms':>10}{'median ms':>11}")
+    for system in ("rag", "mia_rag", "graph:rag", "graph:mia_rag"):
+        for stage, st in result["stages"][system].items():
+            print(f"    {system:<14}{stage:<24}{st['mean'] * 1e3:>10.2f}{st['median'] * 1e3:>11.2f}")
+    goal = result["goal"]
+    for label, key in (("node functions", "ratio_stages"), ("compiled graphs, end to end", "ratio_graphs")):
+        ratio = result[key]
+        print(f"  ratio mia_rag / rag ({label}, means) = {ratio:.2f}   goal ≤ {goal}: {'met' if ratio <= goal else 'NOT met'}")
+    selection = result["stages"]["mia_rag"]["selection"]["mean"] * 1e3
+    greedy = result["stages"]["mia_rag"]["selection_greedy_only"]["mean"] * 1e3
+    goal_ms = result["selection_goal_ms"]
+    print(f"  selection at K0={s['k0']}: {selection:.2f} ms mean incl. fetching records and vectors from Chroma "
+          f"({greedy:.2f} ms the greedy alone)   goal ≤ {goal_ms:g} ms: {'met' if selection <= goal_ms else 'NOT met'}")
+
+
+def cmd_retrieval_bench(args: argparse.Namespace) -> int:
+    if args.questions < 1:
+        raise ValueError(f"--questions must be at least 1, got {args.questions}")
+    settings = {}
+    for pair in args.set or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set {pair!r} is not KEY=VALUE; e.g. --set k0=50")
+        settings[key.strip()] = value
+    result = measure_retrieval(args.collection, args.questions, settings)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_retrieval(result)
+    return 0
+
+
+def add_retrieval_bench(benches: Any) -> argparse.ArgumentParser:
+    p = benches.add_parser("retrieval", help="per-question retrieval time of mia_rag vs rag, per stage (goal ratio ≤ 1.5)")
+    p.add_argument("--collection", required=True, help="an ingested collection with session summaries")
+    p.add_argument("--questions", type=int, default=20, help="questions, taken from the collection's own chunks (default 20)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a run setting, e.g. --set k0=100")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_retrieval_bench)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+
+BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench]
+"""One entry per ``mia bench`` subcommand, in the order ``mia bench --help`` lists them."""
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` and its subcommands to a parser's subcommands; each handler is ``args.func``."""
+    p = subparsers.add_parser("bench", help="speed benchmarks, measured in one run, printed with their goals")
+    benches = p.add_subparsers(dest="bench", required=True)
+    for add in BENCHMARKS:
+        add(benches)
+    return p

@@ -1,0 +1,124 @@
+"""``mia eval``: the evaluation harness on the command line.
+
+Kept out of ``mia_cli`` so the harness and its flags evolve with ``evals/``; ``mia_cli`` only calls
+:func:`register`. User errors are raised as ``ValueError`` for ``mia_cli`` to print as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from evals.runner import parse_assignments, run_eval
+
+DEFAULT_OUT = Path("evals") / "results"
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        return [int(item) for item in _csv(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--length takes token counts like 16000 or 16000,32000, got {text!r}") from exc
+
+
+def default_out(dataset: str, split: str | None, lengths: list[int], retrieval_only: bool) -> Path:
+    """``evals/results/<dataset>-<split>[-<lengths>][-retrieval]``: one folder per comparison, so a
+    rerun of the same command resumes into, and regenerates, the same report."""
+    name = Path(dataset).name if Path(dataset).is_dir() else dataset
+    parts = [name, split or ("dev" if dataset == "multihop-synth" else "test"), *map(str, lengths)]
+    return DEFAULT_OUT / ("-".join(parts) + ("-retrieval" if retrieval_only else ""))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    settings = parse_assignments(args.set or [], multi=False)
+    sweeps = parse_assignments(args.sweep or [], multi=True)
+    out = args.out or default_out(args.dataset, args.split, args.length or [], args.retrieval_only)
+    results = run_eval(
+        args.dataset, args.split, _csv(args.systems),
+        length=args.length, retrieval_only=args.retrieval_only, limit=args.limit, seed=args.seed, out=out,
+        settings=settings, sweeps=sweeps, concurrency=args.concurrency, progress=not args.json and not args.quiet,
+        summarizer=args.summarizer, texts=args.texts, questions_file=args.questions, command=command_line(args, out),
+    )
+    if args.json:
+        print(json.dumps(results.summary))
+        return 0
+    print(_table(results.summary))
+    print(f"\nreport: {results.out / 'report.md'}")
+    return 0
+
+
+def command_line(args: argparse.Namespace, out: Path) -> str:
+    """The command that reproduces this run, rebuilt from the parsed options (whatever entry point
+    parsed them), with the output folder made explicit."""
+    argv = ["mia", "eval", "--dataset", args.dataset]
+    if args.split:
+        argv += ["--split", args.split]
+    if args.length:
+        argv += ["--length", ",".join(map(str, args.length))]
+    argv += ["--systems", args.systems]
+    if args.retrieval_only:
+        argv.append("--retrieval-only")
+    if args.limit is not None:
+        argv += ["--limit", str(args.limit)]
+    argv += ["--seed", str(args.seed)]
+    for item in args.set or []:
+        argv += ["--set", item]
+    for item in args.sweep or []:
+        argv += ["--sweep", item]
+    if args.summarizer != "extractive":
+        argv += ["--summarizer", args.summarizer]
+    if args.texts:
+        argv += ["--texts", str(args.texts), "--questions", str(args.questions)]
+    argv += ["--concurrency", str(args.concurrency), "--out", str(out)]
+    return shlex.join(argv)
+
+
+def _table(summary: dict[str, Any]) -> str:
+    """A plain-text glance at the averages; the report has the intervals."""
+    systems = summary["systems"]
+    columns = list(dict.fromkeys(metric for row in systems.values() for metric in row))
+    width = max(len(name) for name in systems)
+    lines = [f"{summary['dataset']} / {summary['split']}: {summary['questions']} questions",
+             " ".join([" " * width, *(f"{c:>16}" for c in columns)])]
+    for name, row in systems.items():
+        lines.append(" ".join([name.ljust(width), *(f"{row[c]:>16.2f}" if c in row else f"{'–':>16}" for c in columns)]))
+    return "\n".join(lines)
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``eval`` to a parser's subcommands; the handler is ``args.func``."""
+    p = subparsers.add_parser(
+        "eval", help="run systems on a benchmark and write a report (tables with intervals, plots)",
+        description="Every system on the same questions; resumable (finished questions are cached in the output folder).",
+    )
+    p.add_argument("--dataset", required=True,
+                   help="fairytale-series, fairytale-series-titled, multihop-synth, custom, or a built data set's folder")
+    p.add_argument("--split", help="question split (default: test; multihop-synth: dev)")
+    p.add_argument("--length", type=_lengths, metavar="TOKENS[,TOKENS...]",
+                   help="multihop-synth document length(s) in tokens (default 32000)")
+    p.add_argument("--systems", required=True, help="comma-separated graph names, e.g. rag,mia_rag")
+    p.add_argument("--retrieval-only", action="store_true",
+                   help="stop after retrieval (no chat model); top_k defaults to 20 so recall@20 is defined")
+    p.add_argument("--limit", type=int, help="first N questions (taken in turn from each source of multihop-synth)")
+    p.add_argument("--seed", type=int, default=0, help="data building and bootstrap seed (default 0)")
+    p.add_argument("--out", type=Path, help="output folder (default evals/results/<dataset>-<split>[-<length>][-retrieval])")
+    p.add_argument("--json", action="store_true", help="print one JSON object with per-system averages")
+    p.add_argument("--set", action="append", metavar="[SYSTEM:]KEY=VALUE",
+                   help="a context setting (e.g. alpha=0.2) or ingestion option (chunk_size, overlap, window); repeat")
+    p.add_argument("--sweep", action="append", metavar="[SYSTEM:]KEY=V1,V2",
+                   help="run each system once per value, named e.g. mia_rag[alpha=0.2]; several sweeps combine")
+    p.add_argument("--concurrency", type=int, default=1, help="questions in flight at once (default 1)")
+    p.add_argument("--summarizer", choices=["extractive", "llm"], default="extractive",
+                   help="session summaries for ingestion (default extractive: no LLM)")
+    p.add_argument("--texts", type=Path, help="custom: folder of .txt/.md files, one per book")
+    p.add_argument("--questions", type=Path, help="custom: JSONL of questions")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_eval)
+    return p

@@ -1,0 +1,251 @@
+"""Turn a run's per-question records into the numbers, tables and plots we publish.
+
+Everything here is computed from ``results.jsonl`` records alone, so a report can be regenerated
+(rerun the same ``mia eval`` command: every question is cached) and a reader can recompute any
+number from the committed records. Intervals are percentile bootstraps over questions with the
+run's seed; differences against ``rag`` are *paired* (the same questions resampled jointly),
+which is the comparison that can actually tell two systems apart on a few hundred questions.
+
+Scores are percentages; cost columns are per-question averages.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from evals.metrics import bootstrap_ci, paired_bootstrap_ci
+
+SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20", "f1", "em", "sub_em", "accuracy")
+COST_METRICS = ("llm_calls", "prompt_tokens", "generated_tokens", "seconds")
+PRIMARY_SCORES = ("f1", "accuracy", "recall@10", "recall@5", "recall@1")
+"""The score plotted against source length: the answer metric when there is one, else recall."""
+DECIMALS = {"llm_calls": 2, "seconds": 3}
+"""Scores and token counts read well to 0.1; calls and seconds per question are often below 1."""
+BASELINE = "rag"
+REPORT_FILE = "report.md"
+RECALL_PLOT = "recall_at_k.png"
+COST_PLOT = "cost_vs_length.png"
+
+
+def _by_system(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        grouped[record["system"]].append(record)
+    return grouped
+
+
+def metric_values(records: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per-question values of every metric defined on *all* of a system's questions: averaging a
+    metric over the subset where it happens to exist would compare systems on different questions."""
+    values: dict[str, list[float]] = {}
+    for metric in SCORE_METRICS:
+        if records and all(metric in r["scores"] for r in records):
+            values[metric] = [float(r["scores"][metric]) for r in records]
+    for metric in COST_METRICS:
+        values[metric] = [float(r[metric]) for r in records]
+    return values
+
+
+def summarise(run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str]) -> dict[str, Any]:
+    """The ``--json`` object: per-system averages over questions."""
+    grouped = _by_system(records)
+    summary: dict[str, Any] = {
+        "dataset": run["dataset"],
+        "split": run["split"],
+        "questions": run["questions"],
+        "systems": {
+            name: {metric: round(float(np.mean(vals)), 3) for metric, vals in metric_values(grouped[name]).items()}
+            for name in systems
+        },
+    }
+    lengths = [p["length"] for p in run["parts"] if p["length"] is not None]
+    if lengths:
+        summary["lengths"] = lengths
+    return summary
+
+
+def _fmt(metric: str, stats: tuple[float, float, float]) -> str:
+    places = DECIMALS.get(metric, 1)
+    mean, lo, hi = stats
+    return f"{mean:.{places}f} [{lo:.{places}f}, {hi:.{places}f}]"
+
+
+def _aligned(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["part"], r["id"]): r for r in records}
+
+
+def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int) -> list[str]:
+    values = {name: metric_values(grouped[name]) for name in systems}
+    columns = [m for m in (*SCORE_METRICS, *COST_METRICS) if any(m in values[n] for n in systems)]
+    lines = [
+        "## Results (mean over questions, 95% bootstrap interval)",
+        "",
+        "| system | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name in systems:
+        cells = [_fmt(m, bootstrap_ci(values[name][m], seed=seed)) if m in values[name] else "–" for m in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if BASELINE in systems and len(systems) > 1:
+        base = _aligned(grouped[BASELINE])
+        lines += [
+            "",
+            f"## Paired difference against `{BASELINE}` (system − {BASELINE}, same questions, 95% paired bootstrap interval)",
+            "",
+            "| system | " + " | ".join(columns) + " |",
+            "|---|" + "---|" * len(columns),
+        ]
+        for name in systems:
+            if name == BASELINE:
+                continue
+            mine = _aligned(grouped[name])
+            keys = [k for k in mine if k in base]
+            cells = []
+            for metric in columns:
+                if metric in values[name] and metric in values[BASELINE]:
+                    a = [_value(mine[k], metric) for k in keys]
+                    b = [_value(base[k], metric) for k in keys]
+                    cells.append(_fmt(metric, paired_bootstrap_ci(a, b, seed=seed)))
+                else:
+                    cells.append("–")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if len(run["parts"]) > 1:
+        lines += ["", "## By source length (mean over questions)", ""]
+        lines += ["| system | length | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+        for name in systems:
+            for part in run["parts"]:
+                subset = [r for r in grouped[name] if r["part"] == part["tag"]]
+                sub_values = metric_values(subset)
+                cells = [f"{np.mean(sub_values[m]):.{DECIMALS.get(m, 1)}f}" if m in sub_values else "–" for m in columns]
+                lines.append(f"| {name} | {part['length']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _value(record: dict[str, Any], metric: str) -> float:
+    return float(record["scores"][metric] if metric in SCORE_METRICS else record[metric])
+
+
+def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int) -> bool:
+    """Recall@k curves with their intervals; False (no file) when no system has gold-span recall."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    drawn = False
+    for name in systems:
+        values = metric_values(grouped[name])
+        ks = [int(m.split("@")[1]) for m in SCORE_METRICS if m.startswith("recall@") and m in values]
+        if not ks:
+            continue
+        stats = np.array([bootstrap_ci(values[f"recall@{k}"], seed=seed) for k in ks])
+        ax.errorbar(ks, stats[:, 0], yerr=[stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]],
+                    marker="o", capsize=3, label=name)
+        drawn = True
+    if not drawn:
+        return False
+    ax.set_xscale("log")
+    ax.set_xticks([1, 5, 10, 20], labels=["1", "5", "10", "20"])
+    ax.set_xlabel("k (chunks retrieved)")
+    ax.set_ylabel("Recall@k (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def _primary_score(grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str]) -> str | None:
+    available = [set(metric_values(grouped[n])) for n in systems]
+    return next((m for m in PRIMARY_SCORES if all(m in a for a in available)), None)
+
+
+def plot_cost(path: Path, run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str]) -> None:
+    """Score, LLM tokens and wall time per question against the question's source length: points
+    per question, and each system's mean per data set part joined by a line."""
+    score = _primary_score(grouped, systems)
+    panels = ([(score, f"{score} (%)")] if score else []) + [
+        ("tokens", "prompt + generated tokens"), ("seconds", "wall time (s)"),
+    ]
+    fig = Figure(figsize=(5 * len(panels), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (metric, label) in zip(axes, panels):
+        for index, name in enumerate(systems):
+            color = f"C{index % 10}"
+            records = grouped[name]
+            x = [r["source_tokens"] for r in records]
+            y = [_plotted(r, metric) for r in records]
+            ax.scatter(x, y, s=8, alpha=0.25, color=color)
+            by_part = [[r for r in records if r["part"] == p["tag"]] for p in run["parts"]]
+            means = [(np.mean([r["source_tokens"] for r in rs]), np.mean([_plotted(r, metric) for r in rs]))
+                     for rs in by_part if rs]
+            ax.plot(*zip(*means), marker="D", color=color, label=name)
+        lengths = [r["source_tokens"] for name in systems for r in grouped[name]]
+        if max(lengths) > 3 * min(lengths):  # 16k / 32k / 64k runs: equal spacing per doubling
+            ax.set_xscale("log")
+        ax.set_xlabel("source length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    if run["retrieval_only"]:
+        fig.suptitle("retrieval only: no LLM calls, so no tokens", fontsize="small")
+    fig.savefig(path, dpi=120)
+
+
+def _plotted(record: dict[str, Any], metric: str) -> float:
+    if metric == "tokens":
+        return float(record["prompt_tokens"] + record["generated_tokens"])
+    return _value(record, metric)
+
+
+def _shared_settings(variants: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Settings every variant has in common: said once in the header, not on every line."""
+    first = variants[0]["settings"]
+    return {k: v for k, v in first.items() if all(v2["settings"].get(k) == v for v2 in variants)}
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in settings.items())
+
+
+def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str], *, seed: int) -> Path:
+    """``report.md`` plus its two plots in ``out``; the header carries everything needed to
+    reproduce the numbers (data, split, models, seed, command)."""
+    out = Path(out)
+    grouped = _by_system(records)
+    parts = "; ".join(
+        f"{p['tag']} ({p['questions']} questions, {p['source_tokens']:,} source tokens per question)" for p in run["parts"]
+    )
+    shared = _shared_settings(run["variants"])
+    lines = [
+        f"# {run['dataset']} · {run['split']} split{' · retrieval only' if run['retrieval_only'] else ''}",
+        "",
+        f"- Data: {parts}",
+        "- Questions per system: " + str(run["questions"]) + (f" (limit {run['limit']})" if run["limit"] else ""),
+        f"- Embedder: {run['embedder']}; chat model: {run['chat_model']}; session summaries: {run['summarizer']}",
+        f"- Seed: {seed} (data building and bootstrap); scores in %, costs per question; finished {run['finished']}",
+        f"- Settings of every variant: {_settings_text(shared) or 'defaults'}",
+        "- Variants:",
+    ]
+    for variant in run["variants"]:
+        ingest = variant["ingest"]
+        own = {k: v for k, v in variant["settings"].items() if k not in shared}
+        lines.append(
+            f"  - `{variant['name']}`: graph `{variant['graph']}`, {_settings_text(own) or 'no other settings'}; "
+            f"chunks of {ingest['chunk_size']} tokens (overlap {ingest['overlap']}), session window W={ingest['window']} "
+            f"(config {variant['config']})"
+        )
+    lines += ["", "Command:", "", "```", run["command"], "```", ""]
+    lines += _tables(run, grouped, systems, seed)
+    lines.append("")
+    if plot_recall(out / RECALL_PLOT, grouped, systems, seed):
+        lines += [f"![Recall@k]({RECALL_PLOT})", ""]
+    else:
+        lines += ["No gold evidence spans in this data set, so no recall plot.", ""]
+    plot_cost(out / COST_PLOT, run, grouped, systems)
+    lines += [f"![Score and cost against source length]({COST_PLOT})", ""]
+    path = out / REPORT_FILE
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

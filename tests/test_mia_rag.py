@@ -1,0 +1,227 @@
+"""MiA-RAG over a real collection: Eq. 4 as one search, the two graphs end to end, bad questions.
+
+(a) E2's single interpolated vector search must rank exactly like scoring Eq. 4 over every chunk
+    vector of the collection (the reason the design searches the whole collection, not the K0 pool).
+(b) Both question graphs answer from the embedded models and cite the book holding the answer.
+(c) Bad questions and settings end as one line naming the problem and the fix, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nodes.context import Context
+from nodes.qa import select_signature
+from nodes.retrieval import dual_signal, query_only, signature_vector
+from tests.conftest import requires_data, story_text
+
+pytestmark = requires_data
+
+QUESTIONS = (
+    "What did the little old grey man ask the eldest son for?",
+    "Why did the fox trick the wolf?",
+    "Who stole the lovely Rose-Red?",
+)
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _all_chunks(store: Any) -> tuple[list[str], np.ndarray]:
+    got = store.chunks.get(include=["embeddings"])
+    return list(got["ids"]), np.asarray(got["embeddings"], dtype=np.float64)
+
+
+def _signature(store: Any, embedder: Any, question: str, strategy: str = "centroid") -> tuple[np.ndarray, np.ndarray]:
+    """The query vector and e_σ exactly as the mia_rag graph builds them (coverage-aware σ0)."""
+    ctx = Context(collection=store.name)
+    query_vec = embedder.embed_query(question)
+    step0 = query_only(store, query_vec, ctx.k0)
+    picks = select_signature(store, query_vec, [h.id for h in step0], ctx, default="coverage")
+    assert len(picks) == ctx.k_sum
+    sig_vec, _ = signature_vector(strategy, store, embedder, question, [p["id"] for p in picks])
+    return query_vec, sig_vec
+
+
+def _exact_ranking(ids: list[str], vectors: np.ndarray, query_vec: np.ndarray, sig_vec: np.ndarray, alpha: float) -> tuple[list[str], np.ndarray]:
+    scores = (1.0 - alpha) * (vectors @ query_vec) + alpha * (vectors @ sig_vec)
+    order = np.argsort(-scores, kind="stable")
+    return [ids[i] for i in order], scores[order]
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) one interpolated search == exact Eq. 4 over all chunks
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_interpolated_search_ranks_like_exact_eq4(tiny_collection, minilm, question: str, alpha: float) -> None:
+    store = tiny_collection.store
+    ids, vectors = _all_chunks(store)
+    query_vec, sig_vec = _signature(store, minilm, question)
+    expected_ids, expected_scores = _exact_ranking(ids, vectors, query_vec, sig_vec, alpha)
+    # Fewest candidates possible (k itself): the search alone must already find the exact top k.
+    for k in (1, 5, 10):
+        hits = dual_signal(store, query_vec, sig_vec, alpha, k=k, candidates=k)
+        assert [h.id for h in hits] == expected_ids[:k]
+        np.testing.assert_allclose([h.score for h in hits], expected_scores[:k], atol=1e-5)
+    # The whole collection, ranked: every position agrees, not just the top.
+    hits = dual_signal(store, query_vec, sig_vec, alpha, k=len(ids), candidates=1)
+    assert [h.id for h in hits] == expected_ids
+    for h in hits[:10]:
+        i = ids.index(h.id)
+        assert h.s_qry == pytest.approx(float(vectors[i] @ query_vec), abs=1e-5)
+        assert h.s_sig == pytest.approx(float(vectors[i] @ sig_vec), abs=1e-5)
+
+
+def test_concat_signature_is_also_one_exact_search(tiny_collection, minilm) -> None:
+    """``concat`` embeds query + signature text: still a linear score, so the same identity holds."""
+    store = tiny_collection.store
+    ids, vectors = _all_chunks(store)
+    query_vec, sig_vec = _signature(store, minilm, QUESTIONS[0], strategy="concat")
+    expected_ids, _ = _exact_ranking(ids, vectors, query_vec, sig_vec, 0.5)
+    assert [h.id for h in dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=10)] == expected_ids[:10]
+
+
+def test_query_only_search_is_exact(tiny_collection, minilm) -> None:
+    store = tiny_collection.store
+    ids, vectors = _all_chunks(store)
+    query_vec = minilm.embed_query(QUESTIONS[1])
+    expected_ids, expected_scores = _exact_ranking(ids, vectors, query_vec, query_vec, 0.0)
+    hits = query_only(store, query_vec, len(ids))
+    assert [h.id for h in hits] == expected_ids
+    np.testing.assert_allclose([h.score for h in hits], expected_scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("graph", ["rag", "mia_rag"])
+def test_graphs_retrieve_what_the_exact_scores_say(graph: str, tiny_collection, minilm, cli) -> None:
+    """Through the CLI and the compiled graph (retrieval only, no LLM): the final ranking is Eq. 4."""
+    question = QUESTIONS[0]
+    result = cli("ask", question, "--collection", tiny_collection.name, "--graph", graph, "--json",
+                 "--set", "retrieval_only=true", "--set", "top_k=8")
+    assert result.code == 0, result.err
+    state = json.loads(result.out)
+    assert state["answer"] in ("", None) and state["usage"].get("llm_calls", 0) == 0
+    store = tiny_collection.store
+    ids, vectors = _all_chunks(store)
+    query_vec = minilm.embed_query(question)
+    if graph == "rag":
+        assert state["signature"] == [] and state["step0"] == []
+        sig_vec, alpha = query_vec, 0.0
+    else:
+        assert len(state["step0"]) == min(Context().k0, len(ids))
+        signature = [s["id"] for s in state["signature"]]
+        step0_summaries = {r["summary_id"] for r in store.chunk_records([r["id"] for r in state["step0"]], documents=False)}
+        assert len(signature) == Context().k_sum and set(signature) <= step0_summaries
+        sig_vec, _ = signature_vector("centroid", store, minilm, question, signature)
+        alpha = Context().alpha
+    expected_ids, _ = _exact_ranking(ids, vectors, query_vec, sig_vec, alpha)
+    assert [r["id"] for r in state["retrieved"]] == expected_ids[:8]
+
+
+def test_mia_rag_embeds_each_question_once(tiny_collection, minilm, cli, monkeypatch) -> None:
+    """Step 0 and E2 both need the query vector; computing it twice would double the dominant
+    cost of retrieval on a CPU (see ``mia bench retrieval``)."""
+    calls: list[str] = []
+    model_type = type(minilm.model)
+    original = model_type.embed_query
+
+    def counting(self: Any, text: str) -> list[float]:
+        calls.append(text)
+        return original(self, text)
+
+    monkeypatch.setattr(model_type, "embed_query", counting)
+    question = "Which animal did the fox meet first, and where?"
+    result = cli("ask", question, "--collection", tiny_collection.name, "--graph", "mia_rag", "--json",
+                 "--set", "retrieval_only=true")
+    assert result.code == 0, result.err
+    assert calls == [question]
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) end to end with the embedded models
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["rag", "mia_rag"])
+def test_graph_answers_and_cites_the_right_book(graph: str, tiny_collection, embedded_model_file, cli) -> None:
+    result = cli("ask", QUESTIONS[0], "--collection", tiny_collection.name, "--graph", graph, "--json",
+                 "--set", "top_k=5", "--set", "max_new_tokens=48")
+    assert result.code == 0, result.err
+    state = json.loads(result.out)
+    assert state["answer"].strip()
+    assert state["citations"], "an answer must come with its sources"
+    assert {c["book"] for c in state["citations"]} == {"golden-goose"}
+    for c in state["citations"]:
+        text = tiny_collection.texts[c["book"]]
+        assert text[c["start"] : c["end"]] == tiny_collection.store.chunk_records([c["id"]])[0]["text"]
+    usage = state["usage"]
+    assert usage["llm_calls"] == 1 and usage["input_tokens"] > 100 and 0 < usage["output_tokens"] <= 48
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) bad questions and settings
+
+
+def _one_error_line(result) -> str:
+    assert result.code == 2, result
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mia: error: "), result.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("question", ["", "   \n\t"])
+@pytest.mark.parametrize("graph", ["rag", "mia_rag"])
+def test_empty_question(question: str, graph: str, tiny_collection, cli) -> None:
+    line = _one_error_line(cli("ask", question, "--collection", tiny_collection.name, "--graph", graph))
+    assert "empty question" in line and "non-empty `question`" in line
+
+
+@pytest.mark.parametrize("graph", ["rag", "mia_rag"])
+def test_unknown_collection(graph: str, tiny_collection, cli) -> None:
+    line = _one_error_line(cli("ask", QUESTIONS[0], "--collection", "no-such-shelf", "--graph", graph))
+    assert "unknown collection 'no-such-shelf'" in line and tiny_collection.name in line
+    assert "`mia ingest PATH --collection no-such-shelf`" in line
+
+
+def test_invalid_collection_name(cli) -> None:
+    line = _one_error_line(cli("ask", QUESTIONS[0], "--collection", "Not A Name"))
+    assert "invalid collection name 'Not A Name'" in line
+
+
+def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
+    book = tmp_path / "golden-goose.txt"
+    book.write_text(story_text("golden-goose", sections=4), encoding="utf-8")
+    assert cli("ingest", str(book), "--collection", "no-summaries", "--summarizer", "none", "--quiet").code == 0
+    line = _one_error_line(cli("ask", QUESTIONS[0], "--collection", "no-summaries", "--graph", "mia_rag"))
+    assert "'no-summaries' has no session summaries" in line and "--summarizer llm or extractive" in line
+    # Query-only RAG needs no summaries.
+    ok = cli("ask", QUESTIONS[0], "--collection", "no-summaries", "--graph", "rag", "--json", "--set", "retrieval_only=true")
+    assert ok.code == 0 and json.loads(ok.out)["retrieved"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("k0=0", "k0 must be at least 1"),
+        ("k0=-3", "k0 must be at least 1"),
+        ("top_k=0", "top_k must be at least 1"),
+        ("k_sum=0", "k_sum must be at least 1"),
+        ("candidates=0", "candidates must be at least 1"),
+        ("alpha=1.5", "alpha must be in [0, 1]"),
+        ("alpha=-0.1", "alpha must be in [0, 1]"),
+        ("alpha=nan", "alpha must be in [0, 1]"),
+        ("alpha=half", "setting alpha='half' is not a valid float"),
+        ("k0=ten", "setting k0='ten' is not a valid int"),
+        ("lambda_q=-1", "lambda_q, lambda_c and lambda_d must be non-negative"),
+        ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia, got 'median'"),
+        ("kay0=5", "unknown setting(s) kay0"),
+        ("alpha", "--set 'alpha' is not KEY=VALUE"),
+    ],
+)
+def test_settings_out_of_range(setting: str, message: str, tiny_collection, cli) -> None:
+    line = _one_error_line(cli("ask", QUESTIONS[0], "--collection", tiny_collection.name, "--set", setting))
+    assert message in line

@@ -1,0 +1,125 @@
+"""The embedded models load offline and do their job (integration, slow).
+
+Each model is loaded fresh (bypassing the process-wide caches) with every socket connection
+refused, so "offline" is proven rather than assumed: a model that tried to reach a hub would fail
+here instead of on a user's machine without network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from pydantic import BaseModel
+
+from stores import chat as chat_module
+from stores import embeddings as embeddings_module
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"network access attempted: {args[1:] if len(args) > 1 else kwargs}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def _cosines(vectors: np.ndarray) -> np.ndarray:
+    return vectors @ vectors.T
+
+
+def test_minilm_loads_offline_and_embeds(no_network: None) -> None:
+    embedder = embeddings_module._load_embedder.__wrapped__("minilm")
+    assert embedder.name == "all-MiniLM-L6-v2"
+    assert embedder.max_tokens == 254  # 256 word pieces less [CLS] and [SEP]
+    assert embedder.count_tokens("Sherlock Holmes") >= 2
+    texts = [
+        "The detective examined the footprints in the garden.",
+        "The investigator studied the tracks left in the yard.",
+        "Interest rates rose sharply in the third quarter.",
+    ]
+    vectors = embedder.embed_documents(texts)
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    sims = _cosines(vectors)
+    assert sims[0, 1] > sims[0, 2] + 0.2 and sims[0, 1] > sims[1, 2] + 0.2
+    query = embedder.embed_query("Who looked at the footprints?")
+    assert query.shape == (384,) and abs(float(np.linalg.norm(query)) - 1.0) < 1e-5
+    assert int(np.argmax(vectors @ query)) == 0
+
+
+def test_use_embedder_works_on_chinese(no_network: None) -> None:
+    embedder = embeddings_module._load_embedder.__wrapped__("use")
+    assert embedder.name == "use-multilingual-v3"
+    texts = ["我喜欢吃苹果。", "我很爱吃水果，比如苹果。", "股票市场今天大幅下跌。"]
+    vectors = embedder.embed_documents(texts)
+    assert vectors.shape == (3, 512)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    sims = _cosines(vectors)
+    assert sims[0, 1] > sims[0, 2] + 0.1 and sims[0, 1] > sims[1, 2] + 0.1
+    # Cross-lingual: the English sentence lands nearest its Chinese translation.
+    english = embedder.embed_query("I like eating apples.")
+    assert int(np.argmax(vectors @ english)) in (0, 1)
+
+
+def test_embedded_chat_model_is_assembled_and_verified(embedded_model_file: Path) -> None:
+    assert embedded_model_file.name == chat_module.MODEL_FILE
+    assert embedded_model_file.stat().st_size == chat_module.MODEL_SIZE
+    digest = hashlib.sha256()
+    with embedded_model_file.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    assert digest.hexdigest() == chat_module.MODEL_SHA256
+    assert not list(embedded_model_file.parent.glob("*.part*")), "assembly left a temporary file"
+    assert chat_module.embedded_model_path() == embedded_model_file  # a second call reuses it
+
+
+@pytest.fixture(scope="module")
+def embedded_chat(embedded_model_file: Path) -> chat_module.LlamaCppChat:
+    return chat_module.LlamaCppChat(model_path=str(embedded_model_file), max_tokens=48, n_ctx=2048)
+
+
+def test_embedded_chat_model_answers_offline(embedded_chat: chat_module.LlamaCppChat, no_network: None) -> None:
+    reply = embedded_chat.invoke(
+        [SystemMessage("Answer with one word."), HumanMessage("What is the capital of France?")]
+    )
+    assert "paris" in reply.text.lower()
+    usage = reply.usage_metadata
+    assert usage["input_tokens"] > 5 and 0 < usage["output_tokens"] <= 48
+    assert reply.response_metadata["model_name"] == chat_module.EMBEDDED_NAME
+
+
+def test_embedded_chat_model_streams_with_usage(embedded_chat: chat_module.LlamaCppChat) -> None:
+    chunks = list(embedded_chat.stream([HumanMessage("Count from one to three in words.")]))
+    assert len(chunks) > 2, "tokens must arrive one by one"
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged += chunk  # what a LangGraph "messages" stream consumer sees in the end
+    assert "two" in merged.text.lower()
+    usage = merged.usage_metadata
+    assert usage["input_tokens"] > 5 and usage["output_tokens"] >= 1
+
+
+class Capital(BaseModel):
+    country: str
+    city: str
+    population_millions: float
+
+
+def test_structured_output_parses(embedded_chat: chat_module.LlamaCppChat) -> None:
+    parsed, raw = chat_module.json_call(
+        embedded_chat,
+        [SystemMessage("Reply with JSON only."), HumanMessage("Give the capital of Japan and its population in millions.")],
+        Capital,
+    )
+    assert parsed is not None, raw.text
+    assert "tokyo" in parsed.city.lower() and "japan" in parsed.country.lower()
+    assert parsed.population_millions > 0
+    assert raw.usage_metadata["output_tokens"] > 0

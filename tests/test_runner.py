@@ -1,0 +1,226 @@
+"""The evaluation runner: resumes without rerunning finished questions, and its recall figures are
+the ones a hand check of the retrieved chunks gives (real MiniLM, real Chroma, real stories)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evals import runner
+from evals.cli import register
+from evals.datasets import DATA_ENV, Dataset, build_custom, default_data_root
+from graph import registry
+from stores.ingest import book_id
+from stores.mindscape import Mindscape
+
+DATA = default_data_root()
+STORIES = ("self-did-it", "hat-of-huldres", "old-hop-giant")
+SECTIONS = DATA / "fairytaleqa" / "data-by-train-split" / "section-stories" / "test"
+QUESTIONS = DATA / "fairytaleqa" / "data-by-train-split" / "questions" / "test"
+needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"shared data not found at {DATA}; set ${DATA_ENV}")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _write_custom(folder: Path) -> tuple[Path, Path]:
+    """Three short test-split stories as books, two questions each with their cor_section spans,
+    plus one question that quotes its gold section verbatim (query-only R@1 must find it)."""
+    texts = folder / "texts"
+    texts.mkdir(parents=True)
+    records: list[dict[str, Any]] = []
+    for story in STORIES:
+        parts, spans, offset = [], {}, 0
+        for section in _rows(SECTIONS / f"{story}-story.csv"):
+            if parts:
+                parts.append("\n\n")
+                offset += 2
+            spans[section["section"].strip()] = (offset, offset + len(section["text"]))
+            parts.append(section["text"])
+            offset += len(section["text"])
+        text = "".join(parts)
+        (texts / f"{story}.txt").write_text(text, encoding="utf-8", newline="")
+        for q in _rows(QUESTIONS / f"{story}-questions.csv")[:2]:
+            gold = [{"book": story, "start": spans[s.strip()][0], "end": spans[s.strip()][1]} for s in q["cor_section"].split(",")]
+            records.append({"id": f"{story}-{q['question_id']}", "question": q["question"], "answers": [q["answer1"]], "gold": gold})
+    start, end = spans["2"]
+    quote = " ".join(text[start:end].split()[:25])
+    records.append({"id": "verbatim", "question": quote, "answers": ["x"], "gold": [{"book": STORIES[-1], "start": start, "end": end}]})
+    questions = folder / "questions.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return texts, questions
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dataset]:
+    """A built custom data set, with caches and Chroma isolated under the test's own folder."""
+    root = tmp_path_factory.mktemp("runner")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MIA_HOME", str(root / "home"))
+        patch.setenv("MIA_CHROMA_PATH", str(root / "chroma"))
+        texts, questions = _write_custom(root)
+        yield build_custom(root / "dataset", texts, questions)
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mia")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def retrieval_run(tiny: Dataset, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One real retrieval-only run through the CLI with --json (stdout captured by hand: capsys
+    is function-scoped)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("retrieval") / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = _cli(["eval", "--dataset", str(tiny.dir), "--systems", "rag,mia_rag", "--retrieval-only",
+                     "--set", "window=2", "--out", str(out), "--json", "--seed", "3"])
+    assert code == 0
+    return out, json.loads(stdout.getvalue())
+
+
+@needs_data
+@pytest.mark.slow
+def test_json_output_shape(retrieval_run: tuple[Path, dict[str, Any]], tiny: Dataset) -> None:
+    _, summary = retrieval_run
+    assert set(summary) == {"dataset", "split", "questions", "systems"}
+    assert (summary["dataset"], summary["split"], summary["questions"]) == ("custom", "test", len(tiny.questions))
+    assert list(summary["systems"]) == ["rag", "mia_rag"]
+    for row in summary["systems"].values():
+        # retrieval only: answer metrics do not apply and are omitted; costs are zero, not missing
+        assert set(row) == {"recall@1", "recall@5", "recall@10", "recall@20", "llm_calls", "prompt_tokens",
+                            "generated_tokens", "seconds"}
+        assert row["llm_calls"] == row["prompt_tokens"] == row["generated_tokens"] == 0
+
+
+@needs_data
+@pytest.mark.slow
+def test_recall_matches_hand_check(retrieval_run: tuple[Path, dict[str, Any]], tiny: Dataset) -> None:
+    out, summary = retrieval_run
+    records = [json.loads(line) for line in (out / runner.RESULTS_FILE).read_text().splitlines()]
+    assert len(records) == 2 * len(tiny.questions)
+    gold_of = {q["id"]: q["gold"] for q in tiny.questions}
+    to_book = {book_id(p): b for p, b in zip(tiny.sources, tiny.books)}
+    for record in records:
+        assert len(record["retrieved"]) == 20 or len(record["retrieved"]) == Mindscape(record["collection"]).chunks.count()
+        chunks = Mindscape(record["collection"]).chunk_records(record["retrieved"], documents=False)
+        for k in (1, 5, 10, 20):  # recall@20 is defined with fewer chunks when all of them came back
+            hit = [
+                g for g in gold_of[record["id"]]
+                if any(to_book[c["book"]] == g["book"] and c["start"] < g["end"] and g["start"] < c["end"] for c in chunks[:k])
+            ]
+            assert record["scores"][f"recall@{k}"] == pytest.approx(100 * len(hit) / len(gold_of[record["id"]]))
+    verbatim = next(r for r in records if r["system"] == "rag" and r["id"] == "verbatim")
+    assert verbatim["scores"]["recall@1"] == 100.0
+    for system, row in summary["systems"].items():
+        mine = [r for r in records if r["system"] == system]
+        for metric, value in row.items():
+            if metric.startswith("recall@"):
+                assert value == pytest.approx(sum(r["scores"][metric] for r in mine) / len(mine), abs=1e-3)
+
+
+@needs_data
+@pytest.mark.slow
+def test_report_files(retrieval_run: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = retrieval_run
+    for name in ("report.md", "recall_at_k.png", "cost_vs_length.png", "run.json", "summary.json"):
+        assert (out / name).stat().st_size > 0, name
+    report = (out / "report.md").read_text()
+    assert "custom · test split · retrieval only" in report
+    assert "all-MiniLM-L6-v2" in report and "Seed: 3" in report
+    assert "--retrieval-only --seed 3 --set window=2 --concurrency 1 --out" in report  # the exact command
+    assert "Paired difference against `rag`" in report and "| mia_rag |" in report
+
+
+class CountingGraph:
+    """Stands in for a question graph: answers every question with its first gold answer."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.calls: list[str] = []
+
+    def invoke(self, payload: dict[str, Any], context: Any) -> dict[str, Any]:
+        self.calls.append(payload["question"])
+        return {"answer": self.answers[payload["question"]], "retrieved": [],
+                "usage": {"llm_calls": 1, "input_tokens": 100, "output_tokens": 7}}
+
+
+@needs_data
+@pytest.mark.slow
+def test_resume_skips_finished_questions(tiny: Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = CountingGraph({q["question"]: q["answers"][0] for q in tiny.questions})
+    monkeypatch.setattr(registry, "load_graph", lambda name: fake)
+    out = tmp_path / "out"
+
+    def run(limit: int, **settings: str) -> runner.EvalResults:
+        return runner.run_eval(str(tiny.dir), None, ["rag"], limit=limit, out=out, settings=settings,
+                               progress=False, concurrency=2)
+
+    run(3)
+    assert len(fake.calls) == 3
+    run(3)
+    assert len(fake.calls) == 3  # everything cached: no invocation at all
+    with (out / runner.RESULTS_FILE).open("a") as handle:
+        handle.write('{"system": "rag", "conf')  # a run killed mid-write leaves a torn line
+    results = run(5)
+    assert len(fake.calls) == 5  # only the two new questions ran
+    run(5)
+    assert len(fake.calls) == 5  # and their results, written after the torn line, are read back
+    assert [r["id"] for r in results.records] == [q["id"] for q in tiny.questions[:5]]
+    row = results.summary["systems"]["rag"]
+    assert row["f1"] == row["em"] == 100.0 and row["llm_calls"] == 1 and row["prompt_tokens"] == 100
+    run(5, top_k="7")
+    assert len(fake.calls) == 10  # a changed setting is another configuration: all five rerun
+
+
+def test_variants_and_sweeps() -> None:
+    variants = runner.expand_variants(
+        ["rag", "mia_rag"], {"alpha": "0.3", "mia_rag:k_sum": "3"},
+        {"mia_rag:alpha": ["0.2", "0.5"], "mia_rag:window": ["5", "20"]},
+        retrieval_only=True, summarizer="extractive",
+    )
+    names = [v.name for v in variants]
+    assert names == ["rag", "mia_rag[alpha=0.2,window=5]", "mia_rag[alpha=0.2,window=20]",
+                     "mia_rag[alpha=0.5,window=5]", "mia_rag[alpha=0.5,window=20]"]
+    assert variants[0].context.alpha == 0.3 and variants[0].context.top_k == 20 and variants[0].context.retrieval_only
+    assert variants[1].context.alpha == 0.2 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
+    assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the context
+    assert len({v.fingerprint for v in variants}) == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"systems": ["nope"]}, "unknown system"),
+        ({"systems": ["rag"], "settings": {"alpha": "2"}}, "alpha must be in"),
+        ({"systems": ["rag"], "settings": {"colour": "red"}}, "unknown setting"),
+        ({"systems": ["rag"], "settings": {"agent:alpha": "0.2"}}, "not among the systems"),
+        ({"systems": ["rag"], "dataset": "nope"}, "unknown dataset"),
+        ({"systems": ["rag"], "dataset": "fairytale-series", "length": 16000}, "--length applies to multihop-synth only"),
+        ({"systems": ["rag"], "dataset": "custom"}, "needs --texts"),
+    ],
+)
+def test_user_errors(kwargs: dict[str, Any], message: str, tmp_path: Path) -> None:
+    args = {"dataset": "fairytale-series", "split": None, "out": tmp_path, "progress": False, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        runner.run_eval(**args)
+
+
+def test_agents_refused_in_retrieval_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "QUESTION_GRAPHS", ("rag", "mia_rag", "mia_agent"))
+    with pytest.raises(ValueError, match="mia_agent cannot run retrieval-only"):
+        runner.expand_variants(["rag", "mia_agent"], {}, {}, retrieval_only=True, summarizer="extractive")
