@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="ingest a demo book from the shared data and answer a question about it")
     p.add_argument("--summarizer", choices=["llm", "extractive"], default="llm")
     p.set_defaults(func=cmd_demo)
+
+    from evals import bench, cli as eval_cli
+    from graph import server
+
+    eval_cli.register(sub)
+    bench.register(sub)
+    server.register(sub)
     return parser
 
 

@@ -14,7 +14,8 @@ which is what a single user on loopback wants. With keys set:
 * a key restricted to some collections may not point a run at other models or endpoints
   (``chat_base_url``, ``chat_model``, ``embedder``): the server would otherwise send retrieved
   text, or its own requests, wherever a caller asks;
-* assistants can be changed only by keys allowed on every collection; crons and the store are
+* assistants can be changed only by keys allowed on every collection, and a key sees (and runs)
+  only the default assistants and those whose collection it may use; crons and the store are
   unused by MiA and refused.
 
 Ingest runs are also checked here for paths outside the data root (for every caller, with or
@@ -33,8 +34,9 @@ import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Mapping
+from uuid import uuid5
 
-from langgraph_sdk import Auth, get_client
+from langgraph_sdk import Auth
 
 from nodes.context import Context
 from stores.paths import PathError, ingest_root, resolve_under
@@ -142,23 +144,24 @@ def check_settings(caller: Caller, settings: Mapping[str, Any]) -> None:
         raise AuthFailure(403, f"this API key may not set {', '.join(named)}: the server chooses models and endpoints")
 
 
-def check_run(caller: Caller, graph_id: str, kwargs: Mapping[str, Any], assistant_context: Mapping[str, Any],
-              default_collection: str) -> None:
+def check_run(caller: Caller, kwargs: Mapping[str, Any], *, graph_id: str | None, default_collection: str) -> None:
     """Refuse (403) a run that would touch a collection the caller may not use, or in which a
     restricted caller chooses models or endpoints.
 
-    ``kwargs`` is the run's own payload (input, config, context). A question graph answers from
-    the run's context collection, else its assistant's, else the server default
-    (``MIA_COLLECTION``), the order in which LangGraph and ``Context`` resolve it, so the
-    collection checked is the one used. The ingest graph writes to its input's collection.
-    Every other collection the run names must be allowed too.
+    ``kwargs`` is the run's own payload (input, config, context). ``graph_id`` is the graph of a
+    default assistant, or None for an assistant created through the API. A question graph answers
+    from the run's context collection, else its assistant's, else the server default
+    (``MIA_COLLECTION``), the order in which LangGraph and ``Context`` resolve it. A default
+    assistant has no context, so the default is the one to check; a created assistant's own
+    collection is guarded by its readers (:func:`visible_assistants`), which the server checks
+    for such runs. The ingest graph writes to its input's collection; every collection a run
+    names must be allowed.
     """
     context = kwargs.get("context") or {}
     configurable = (kwargs.get("config") or {}).get("configurable") or {}
     payload = kwargs.get("input") if isinstance(kwargs.get("input"), dict) else {}
-    answered = None if graph_id == INGEST_GRAPH else (
-        context.get("collection") or assistant_context.get("collection") or default_collection)
-    for collection in (answered, context.get("collection"), configurable.get("collection"), payload.get("collection")):
+    inherited = default_collection if graph_id not in (None, INGEST_GRAPH) else None
+    for collection in (context.get("collection") or inherited, configurable.get("collection"), payload.get("collection")):
         if collection:
             check_collection(caller, str(collection))
     check_settings(caller, context)
@@ -181,6 +184,22 @@ def check_ingest_paths(kwargs: Mapping[str, Any]) -> None:
         raise AuthFailure(403, str(exc)) from exc
 
 
+def readers(keys: Keys, collection: str) -> list[str]:
+    """The identities of the keys that may use ``collection``: who may see an assistant naming it.
+
+    Stamped into the assistant's metadata when it is saved, because LangGraph filters what a
+    caller lists by metadata, not by a function (keys added later need the assistant re-saved).
+    """
+    return [key_identity(key) for key, patterns in keys.items() if Caller("", patterns).may_use(collection)]
+
+
+def visible_assistants(caller: Caller) -> dict[str, Any] | None:
+    """The metadata filter for the assistants ``caller`` may list, read and run (None: all)."""
+    if caller.unrestricted:
+        return None
+    return {"$or": [{"created_by": "system"}, {"readers": {"$contains": caller.identity}}]}
+
+
 def caller_of(identity: str, permissions: list[str] | tuple[str, ...]) -> Caller:
     """Rebuild the caller from what LangGraph keeps per request (identity and permissions)."""
     return Caller(identity, tuple(p.removeprefix(PERMISSION_PREFIX) for p in permissions if p.startswith(PERMISSION_PREFIX)))
@@ -197,6 +216,13 @@ def _refuse(failure: AuthFailure) -> Auth.exceptions.HTTPException:
 
 def _caller(ctx: Auth.types.AuthContext) -> Caller:
     return caller_of(ctx.user.identity, list(ctx.permissions))
+
+
+def _default_assistants() -> dict[str, str]:
+    """{assistant id: graph id} of the server's default assistants (one per graph)."""
+    from langgraph_api.graph import GRAPHS, NAMESPACE_GRAPH  # the running server's registry
+
+    return {str(uuid5(NAMESPACE_GRAPH, graph_id)): graph_id for graph_id in GRAPHS}
 
 
 @auth.authenticate
@@ -221,10 +247,8 @@ async def on_run(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> A
         await asyncio.to_thread(check_ingest_paths, kwargs)
         if KEYS is None:
             return None
-        # The run's assistant exists (the server checked); its context may choose the collection.
-        # The in-process client skips auth, so this lookup does not come back here.
-        assistant = await get_client().assistants.get(str(value["assistant_id"]))
-        check_run(_caller(ctx), assistant["graph_id"], kwargs, assistant.get("context") or {}, Context().collection)
+        check_run(_caller(ctx), kwargs, graph_id=_default_assistants().get(str(value["assistant_id"])),
+                  default_collection=Context().collection)
     except AuthFailure as failure:
         raise _refuse(failure) from None
     value.setdefault("metadata", {})["owner"] = ctx.user.identity
@@ -242,10 +266,19 @@ async def on_threads(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> Auth
 
 
 @auth.on.assistants
-async def on_assistants(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> None:
-    if KEYS is None or ctx.action in ("read", "search") or _caller(ctx).unrestricted:
+async def on_assistants(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> Auth.types.FilterType | None:
+    if KEYS is None:
         return None
-    raise _refuse(AuthFailure(403, "changing assistants needs a key allowed on every collection (\"*\")"))
+    caller = _caller(ctx)
+    if ctx.action in ("read", "search"):
+        return visible_assistants(caller)
+    if not caller.unrestricted:
+        raise _refuse(AuthFailure(403, "changing assistants needs a key allowed on every collection (\"*\")"))
+    if ctx.action == "create" or value.get("context") or (value.get("config") or {}).get("configurable"):
+        settings = value.get("context") or (value.get("config") or {}).get("configurable") or {}
+        # The server keeps a reference to this dict: update it in place.
+        value["metadata"]["readers"] = readers(KEYS, settings.get("collection") or Context().collection)
+    return None
 
 
 @auth.on

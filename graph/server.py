@@ -14,7 +14,6 @@ for ``/ok`` and stops it. The in-memory server is for one machine; to scale out,
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os

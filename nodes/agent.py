@@ -24,7 +24,7 @@ from nodes.answer import generate as answer_with
 from nodes.answer import usage_of
 from nodes.context import Context
 from nodes.qa import prepare as prepare_question
-from nodes.qa import select_signature
+from nodes.qa import options_for, select_signature
 from nodes.retrieval import dual_signal, query_only, signature_vector
 from nodes.state import AgentState
 from stores.chat import json_call
@@ -244,4 +244,4 @@ def generate(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     signature = [r["text"] for r in store.summary_records(sig_ids)] if use_sig and sig_ids else []
     evidence = [e["fact"] for e in state.get("evidence") or []] if use_evi else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       state.get("options") or (), signature=signature, evidence=evidence)
+                       options_for(state, ctx), signature=signature, evidence=evidence)

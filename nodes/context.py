@@ -67,9 +67,13 @@ class Context:
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            value = getattr(self, f.name)
             raw = os.environ.get(f"MIA_{f.name.upper()}")
-            if raw is not None and getattr(self, f.name) == f.default:
+            if raw is not None and value == f.default:
                 setattr(self, f.name, _coerce(f.type, raw, f.name))
+            elif isinstance(value, str) and f.type in ("int", "float", "bool"):
+                # API payloads and Studio forms may send numbers as strings.
+                setattr(self, f.name, _coerce(f.type, value, f.name))
         self.validate()
 
     def validate(self) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
+import prompts
 from nodes import resources
 from nodes.answer import generate as answer_with
+from nodes.answer import usage_of
 from nodes.context import Context
 from nodes.retrieval import dual_signal, query_only, signature_vector
 from nodes.signature import coverage_aware, first_k, summary_pool
@@ -20,24 +23,51 @@ class QuestionError(ValueError):
 
 
 def question_of(state: dict[str, Any]) -> str:
-    """The explicit ``question`` if given, else the last human message of the conversation."""
+    """The question this run asks: a human message not answered yet, else the explicit ``question``.
+
+    On a thread the state keeps the previous turn; a trailing human message that an earlier run
+    already took (``asked_id``) is not new, so ``{"question": ...}`` then wins.
+    """
     question = (state.get("question") or "").strip()
     messages = state.get("messages") or []
-    if messages and isinstance(messages[-1], HumanMessage):
-        question = messages[-1].text.strip() or question
+    last = messages[-1] if messages else None
+    if isinstance(last, HumanMessage) and last.id != state.get("asked_id") and last.text.strip():
+        question = last.text.strip()
     if not question:
         raise QuestionError("empty question: send a non-empty `question` or a human message")
     return question
 
 
 def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Start a new question: fix it in the state and clear the previous turn's results on a thread."""
+    """Start a new question: fix it in the state and clear the previous turn's results on a thread.
+
+    A follow-up on a thread ("and who was his wife?") is rewritten into a standalone question from
+    the earlier turns, since retrieval only sees the question; the first turn costs no LLM call.
+    """
     question = question_of(state)
-    update: dict[str, Any] = {"question": question, "usage": {"reset": True}, "signature": [], "step0": [],
+    update: dict[str, Any] = {"usage": {"reset": True}, "signature": [], "step0": [],
                               "retrieved": [], "citations": [], "answer": ""}
-    if not state.get("messages") or not isinstance(state["messages"][-1], HumanMessage):
-        update["messages"] = [HumanMessage(content=question)]
+    messages = state.get("messages") or []
+    last = messages[-1] if messages else None
+    if isinstance(last, HumanMessage) and last.id != state.get("asked_id") and last.text.strip() == question:
+        update["asked_id"] = last.id
+        if any(m.type == "ai" for m in messages[:-1]):
+            question, usage = standalone_question(messages[:-1], question, runtime.context)
+            update["usage"] = {"reset": True, **usage}
+    else:
+        asked = HumanMessage(content=question, id=str(uuid.uuid4()))
+        update["messages"] = [asked]
+        update["asked_id"] = asked.id
+    update["question"] = question
     return update
+
+
+def standalone_question(history: list[Any], question: str, ctx: Context) -> tuple[str, dict[str, Any]]:
+    turns = "\n".join(f"{'User' if m.type == 'human' else 'Assistant'}: {m.text}" for m in history[-6:])
+    llm = resources.chat_model(ctx, max_tokens=96).with_config(tags=["nostream"])
+    reply = llm.invoke(prompts.messages("condense", conversation=prompts.fence(turns, tag="conversation"), question=question))
+    rewritten = reply.text.strip().strip('"') or question
+    return rewritten, usage_of(reply, "prepare")
 
 
 def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -105,4 +135,9 @@ def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     with_sig = ctx.answer_inputs in ("chunks+sig", "chunks+sig+evi") and state.get("signature")
     signature = [r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])] if with_sig else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       state.get("options") or (), signature=signature)
+                       options_for(state, ctx), signature=signature)
+
+
+def options_for(state: dict[str, Any], ctx: Context) -> list[str]:
+    """Answer options matter only to multiple choice; on a thread they may be an earlier turn's."""
+    return list(state.get("options") or []) if ctx.answer_format == "choice" else []

@@ -57,6 +57,7 @@ class QAState(InputState, OutputState, total=False):
     """Static graphs (rag, mia_rag): the step-0 ranking is kept for --explain and evaluation."""
 
     step0: list[dict[str, Any]]
+    asked_id: str
 
 
 class AgentState(QAState, total=False):

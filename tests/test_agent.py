@@ -185,7 +185,7 @@ def test_streams_steps_and_only_generate_tokens(tiny_collection, script) -> None
 def test_thread_resumes_and_follow_up_resets_question(tiny_collection, script) -> None:
     import importlib
 
-    script(ANSWER_NOW, "A goose", ANSWER_NOW, "The princess")
+    scripted = script(ANSWER_NOW, "A goose", "Whom did the youngest son marry?", ANSWER_NOW, "The princess")
     graph = importlib.import_module("graph.mia_agent").builder.compile(checkpointer=InMemorySaver(), interrupt_before=["update"])
     config = {"configurable": {"thread_id": "resume"}}
     ctx = Context(collection=tiny_collection.name)
@@ -197,7 +197,10 @@ def test_thread_resumes_and_follow_up_resets_question(tiny_collection, script) -
     graph.invoke({"messages": [HumanMessage("Whom did he marry?")]}, config=config, context=ctx)
     graph.invoke(None, config=config, context=ctx)
     second = graph.get_state(config).values
-    assert second["question"] == "Whom did he marry?" and second["answer"] == "The princess"
+    # the follow-up was made standalone from the thread's earlier turns before retrieval
+    assert "Whom did he marry?" in scripted.prompts[2] and "A goose" in scripted.prompts[2]
+    assert second["question"] == "Whom did the youngest son marry?" and second["answer"] == "The princess"
+    assert second["usage"]["by_node"]["prepare"]["llm_calls"] == 1
     assert second["step"] == 1 and len(second["trajectory"]) == 1
     assert [m.type for m in second["messages"]] == ["human", "ai", "human", "ai"]
 

@@ -18,6 +18,8 @@ from graph.auth import (
     identify,
     key_identity,
     parse_keys,
+    readers,
+    visible_assistants,
 )
 from graph.openai_app import parse_model, remainder
 from stores.paths import PathError, files_under, resolve_under
@@ -137,13 +139,13 @@ def test_collection_patterns() -> None:
 
 
 # ---- runs ----------------------------------------------------------------------------------
-def _check(caller: Caller, kwargs: dict, graph: str = "rag", assistant: dict | None = None, default: str = "") -> None:
-    check_run(caller, graph, kwargs, assistant or {}, default)
+def _check(caller: Caller, kwargs: dict, graph: str | None = "rag", default: str = "") -> None:
+    check_run(caller, kwargs, graph_id=graph, default_collection=default)
 
 
-def _refused(caller: Caller, kwargs: dict, graph: str = "rag", assistant: dict | None = None, default: str = "") -> str:
+def _refused(caller: Caller, kwargs: dict, graph: str | None = "rag", default: str = "") -> str:
     with pytest.raises(AuthFailure) as failure:
-        _check(caller, kwargs, graph, assistant, default)
+        _check(caller, kwargs, graph, default)
     assert failure.value.status == 403
     return failure.value.message
 
@@ -163,12 +165,14 @@ def test_forbidden_collections_are_refused_wherever_named() -> None:
 
 
 def test_the_collection_checked_is_the_one_the_run_will_use() -> None:
-    """Run context, else the assistant's context, else the server default, as LangGraph merges them."""
-    holmes, fairy = {"collection": "holmes"}, {"collection": "fairy"}
-    _check(FAIRY, {"context": {}}, assistant=fairy, default="holmes")  # a frontend that sends no context
-    assert "'holmes'" in _refused(FAIRY, {"context": {}}, assistant=holmes)
+    """The run's context, else (default assistants) the server default, which such runs inherit."""
     assert "'holmes'" in _refused(FAIRY, {}, default="holmes")
-    _check(FAIRY, {"context": fairy}, assistant=holmes, default="holmes")  # the run's own context wins
+    assert "'holmes'" in _refused(FAIRY, {"context": {"top_k": 3}}, default="holmes")
+    _check(FAIRY, {"context": {"collection": "fairy"}}, default="holmes")  # the run's own context wins
+    _check(FAIRY, {}, default="")  # nothing to check: the run fails for want of a collection
+    # A created assistant's collection is guarded by its readers, not here (a frontend sends no context).
+    _check(FAIRY, {}, graph=None, default="holmes")
+    # Ingest writes to its input's collection; the default is not involved.
     _check(FAIRY, {"input": {"paths": ["a"], "collection": "fairy"}}, graph="ingest", default="holmes")
 
 
@@ -177,6 +181,13 @@ def test_restricted_keys_may_not_choose_models_or_endpoints() -> None:
     assert "chat_base_url" in message
     assert "embedder" in _refused(FAIRY, {"config": {"configurable": {"collection": "fairy", "embedder": "use"}}})
     _check(identify(KEYS, "Bearer k-all", None), {"context": {"collection": "x", "embedder": "use"}})
+
+
+def test_assistants_are_visible_to_the_keys_that_may_use_their_collection() -> None:
+    assert readers(KEYS, "fairy") == [key_identity("k-all"), key_identity("k-fairy")]
+    assert readers(KEYS, "holmes") == [key_identity("k-all")]
+    assert visible_assistants(identify(KEYS, "Bearer k-all", None)) is None
+    assert visible_assistants(FAIRY) == {"$or": [{"created_by": "system"}, {"readers": {"$contains": FAIRY.identity}}]}
 
 
 def test_ingest_paths_are_checked_against_the_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
