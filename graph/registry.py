@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-QUESTION_GRAPHS = ("rag", "mia_rag", "mia_agent", "agent")
+QUESTION_GRAPHS = ("rag", "mia_rag", "mia_agent", "agent", "infmem", "memagent")
 
 
 def load_graph(name: str) -> Any:

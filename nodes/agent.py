@@ -21,11 +21,11 @@ from pydantic import BaseModel, BeforeValidator, Field
 import prompts
 from nodes import resources
 from nodes.answer import generate as answer_with
-from nodes.answer import usage_of
+from nodes.answer import options_for, usage_of
 from nodes.context import Context
 from nodes.qa import prepare as prepare_question
-from nodes.qa import options_for, select_signature
-from nodes.retrieval import dual_signal, query_only, signature_vector
+from nodes.qa import select_signature
+from nodes.retrieval import dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.state import AgentState
 from stores.chat import json_call
 
@@ -85,7 +85,11 @@ def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["query"])
     summary_ids = [s["id"] for s in state.get("signature") or []]
-    if summary_ids:
+    if summary_ids and ctx.sig_strategy == "prior":
+        # σ_t is refined by Update and may hold summaries step 0 never lit: weigh by relevance to q_t.
+        weights = signature_weights(store, query_vec, summary_ids, "relevance", ctx.prior_temperature)
+        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.step_k, ctx.candidates)
+    elif summary_ids:
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["query"], summary_ids)
         hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.step_k, ctx.candidates)
     else:

@@ -9,7 +9,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 
 import prompts
-from nodes.context import AnswerFormat
+from nodes.context import AnswerFormat, Context
 
 FORMAT_RULES: dict[str, str] = {
     "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
@@ -19,6 +19,11 @@ FORMAT_RULES: dict[str, str] = {
 }
 _CITE = re.compile(r"\[(\d{1,3})\]")
 LETTERS = "ABCDEFGHIJ"
+
+
+def options_for(state: dict[str, Any], ctx: Context) -> list[str]:
+    """Answer options matter only to multiple choice; on a thread they may be an earlier turn's."""
+    return list(state.get("options") or []) if ctx.answer_format == "choice" else []
 
 
 def usage_of(message: BaseMessage, node: str) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from typing import Any, Literal, get_args
 
 AnswerInputs = Literal["chunks", "chunks+sig", "chunks+evi", "chunks+sig+evi", "auto"]
 SignatureInit = Literal["auto", "coverage", "first_k"]
-SigStrategy = Literal["centroid", "concat", "mia"]
+SigStrategy = Literal["centroid", "concat", "mia", "prior"]
+PriorWeights = Literal["votes", "relevance"]
 AnswerFormat = Literal["open", "choice", "verify"]
 
 
@@ -46,8 +47,13 @@ class Context:
     lambda_d: float = _setting(0.3, "Weight of diversity in the selection objective (λ_D).")
     alpha: float = _setting(0.5, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4).")
     sig_strategy: SigStrategy = _setting(
-        "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), or mia (decoder embedder's δ-interpolated query)."
+        "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), mia (decoder embedder's δ-interpolated query), or prior (soft membership prior: chunks inherit their session summary's weight)."
     )
+    prior_weights: PriorWeights = _setting(
+        "votes", "sig_strategy=prior: weight summaries by the soft vote of their step-0 chunks (votes) or by e_q·e_s (relevance; always used by the agents, whose signature evolves past step 0)."
+    )
+    prior_temperature: float = _setting(0.05, "sig_strategy=prior: softmax temperature τ of the summary weights; smaller is more selective.")
+    prior_gate: float = _setting(0.0, "sig_strategy=prior: apply the prior only when the top summary's weight (weights sum to 1) reaches this; else query-only.")
     candidates: int = _setting(100, "Chunks fetched by the interpolated vector search before exact Eq. 4 rescoring.")
 
     answer_inputs: AnswerInputs = _setting(
@@ -85,6 +91,8 @@ class Context:
             (0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]"),
             (min(self.lambda_q, self.lambda_c, self.lambda_d) >= 0, "lambda_q, lambda_c and lambda_d must be non-negative"),
             (self.candidates >= 1, "candidates must be at least 1"),
+            (self.prior_temperature > 0, "prior_temperature must be positive"),
+            (0.0 <= self.prior_gate <= 1.0, "prior_gate must be in [0, 1]"),
             (self.max_steps >= 1, "max_steps must be at least 1"),
             (self.step_k >= 1, "step_k must be at least 1"),
             (self.max_new_tokens >= 1, "max_new_tokens must be at least 1"),
@@ -96,7 +104,7 @@ class Context:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid setting: {message}")
-        for name, kind in (("signature_init", SignatureInit), ("sig_strategy", SigStrategy),
+        for name, kind in (("signature_init", SignatureInit), ("sig_strategy", SigStrategy), ("prior_weights", PriorWeights),
                            ("answer_inputs", AnswerInputs), ("answer_format", AnswerFormat)):
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"invalid setting: {name} must be one of {', '.join(get_args(kind))}, got {getattr(self, name)!r}")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, field_validator
 
 import prompts
 from nodes import resources
-from nodes.answer import generate, usage_of
+from nodes.answer import generate, options_for, usage_of
 from nodes.context import Context
 from nodes.state import MemoryState
 from stores.bm25 import BM25Index, Window, source_text
@@ -99,7 +99,8 @@ def bound(text: str, limit: int) -> str:
 
 
 def _memory_fence(memory: str) -> str:
-    return prompts.fence(memory or "(empty)", tag="memory")
+    """A sentence, not a bare "(empty)", for a fresh memory: the small model echoed that token back."""
+    return prompts.fence(memory or "No notes yet.", tag="memory")
 
 
 def _progress(state: MemoryState) -> str:
@@ -169,7 +170,7 @@ def answer(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = runtime.context
     memory = state.get("memory", "")
     return generate(resources.chat_model(ctx), state["question"], [], ctx.answer_format,
-                    state.get("options") or (), evidence=[memory] if memory else [], node="answer")
+                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer")
 
 
 # ---- memagent ----------------------------------------------------------------------------------

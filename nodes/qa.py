@@ -11,9 +11,9 @@ from langgraph.runtime import Runtime
 import prompts
 from nodes import resources
 from nodes.answer import generate as answer_with
-from nodes.answer import usage_of
+from nodes.answer import options_for, usage_of
 from nodes.context import Context
-from nodes.retrieval import dual_signal, query_only, signature_vector
+from nodes.retrieval import dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
 
@@ -117,8 +117,13 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[s
     store = resources.mindscape(ctx)
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
-    sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["question"], [s["id"] for s in state["signature"]])
-    hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates)
+    summary_ids = [s["id"] for s in state["signature"]]
+    if ctx.sig_strategy == "prior":
+        weights = signature_weights(store, query_vec, summary_ids, ctx.prior_weights, ctx.prior_temperature, state.get("step0") or [])
+        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates)
+    else:
+        sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["question"], summary_ids)
+        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 
@@ -137,7 +142,3 @@ def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature)
 
-
-def options_for(state: dict[str, Any], ctx: Context) -> list[str]:
-    """Answer options matter only to multiple choice; on a thread they may be an earlier turn's."""
-    return list(state.get("options") or []) if ctx.answer_format == "choice" else []

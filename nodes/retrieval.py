@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nodes.context import SigStrategy
+from nodes.context import PriorWeights, SigStrategy
 from stores.embeddings import Embedder
 from stores.mindscape import Mindscape, MindscapeError
 
@@ -85,3 +85,110 @@ def dual_signal(
     score = (1.0 - alpha) * s_qry + alpha * s_sig
     order = np.argsort(-score, kind="stable")[:k]
     return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(s_sig[i])) for i in order]
+
+
+def prior_weights(relevance: Sequence[float], temperature: float) -> np.ndarray:
+    """w_s: a softmax of the signature summaries' relevance, summing to 1.
+
+    A sharp softmax concentrates the prior on the region the evidence favours; when several regions
+    are about equally relevant the weights stay flat and small, so the prior fades by itself
+    instead of pulling the ranking towards five stories at once (what the centroid does).
+    """
+    rel = np.asarray(relevance, dtype=np.float64)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if rel.size == 0 or not np.isfinite(rel.max()):
+        return np.zeros_like(rel)  # nothing relevant: no prior
+    z = np.exp((rel - rel.max()) / temperature)
+    return z / z.sum()
+
+
+def vote_relevance(step0: Sequence[tuple[str | None, float]], summary_ids: Sequence[str], temperature: float) -> list[float]:
+    """Relevance of each signature summary as the soft vote of its step-0 chunks.
+
+    ``step0`` holds (π(c), s_qry(c)) of the K0 candidates. The log of Σ_c exp(s_qry(c)/τ) over a
+    summary's chunks rewards a region that several good chunks light up, which an extractive
+    summary's own vector (a few sentences) often fails to show. Returned in units of s_qry/τ·τ so
+    that ``prior_weights`` with the same τ gives w_s ∝ Σ_c exp(s_qry(c)/τ); a summary no step-0
+    chunk lit up gets −inf, i.e. weight 0.
+    """
+    mass: dict[str, float] = {}
+    top = max((score for _, score in step0), default=0.0)
+    for owner, score in step0:
+        if owner is not None:
+            mass[owner] = mass.get(owner, 0.0) + float(np.exp((score - top) / temperature))
+    return [temperature * float(np.log(mass[s])) + top if s in mass else float("-inf") for s in summary_ids]
+
+
+def prior_scores(
+    s_qry: np.ndarray, owners: Sequence[str | None], weights: dict[str, float], alpha: float, gate: float
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Eq. 4 with the soft membership prior s_sig(c) = Σ_s w_s·[π(c) = s] = w_{π(c)}.
+
+    The prior is applied only when the signature is confident, i.e. its top weight (weights sum
+    to 1) reaches ``gate``; otherwise every s_sig is 0 and the ranking is query-only, because a
+    prior spread over several regions was measured to cost recall. Returns (score, s_sig, applied).
+    """
+    applied = bool(weights) and max(weights.values()) >= gate
+    s_sig = np.asarray([weights.get(o, 0.0) if (applied and o is not None) else 0.0 for o in owners], dtype=np.float64)
+    s_qry = np.asarray(s_qry, dtype=np.float64)
+    score = (1.0 - alpha) * s_qry + alpha * s_sig if applied else s_qry
+    return score, s_sig, applied
+
+
+def membership_prior(
+    store: Mindscape,
+    query_vec: np.ndarray,
+    weights: dict[str, float],
+    alpha: float,
+    gate: float,
+    k: int,
+    candidates: int,
+) -> list[Scored]:
+    """Top-k chunks under ``prior_scores``, scored exactly over E1 top-``candidates`` ∪ every chunk
+    of the signature's sessions.
+
+    s_sig is a step function of the chunk's session, not a linear function of its vector, so one
+    interpolated vector search cannot find the top of the ranking; but a chunk outside both sets
+    has s_sig = 0 and a query score below the E1 cut, so it cannot outrank the candidates' top k
+    (when k ≤ candidates).
+    """
+    hits = store.search_chunks(query_vec, max(k, candidates))
+    ids = [h.id for h in hits]
+    owners = [r.get("summary_id") for r in store.chunk_records(ids, documents=False)]
+    members = [s for s, w in weights.items() if w > 0.0]
+    if members and max(weights.values()) >= gate:
+        got = store.chunks.get(where={"summary_id": {"$in": members}}, include=["metadatas"])
+        seen = set(ids)
+        for cid, meta in zip(got["ids"], got["metadatas"]):
+            if cid not in seen:
+                ids.append(cid)
+                owners.append(meta.get("summary_id"))
+                seen.add(cid)
+    if not ids:
+        return []
+    s_qry = store.vectors("chunks", ids) @ np.asarray(query_vec, dtype=np.float32)
+    score, s_sig, _ = prior_scores(s_qry, owners, weights, alpha, gate)
+    order = np.argsort(-score, kind="stable")[:k]
+    return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(s_sig[i])) for i in order]
+
+
+def signature_weights(
+    store: Mindscape,
+    query_vec: np.ndarray,
+    summary_ids: Sequence[str],
+    mode: PriorWeights,
+    temperature: float,
+    step0: Sequence[dict[str, object]] = (),
+) -> dict[str, float]:
+    """w_s for each signature summary: ``votes`` from the step-0 chunks (``step0`` rows carry
+    ``id`` and ``s_qry``), ``relevance`` from e_q·e_s. Votes need a step 0; without one (the
+    agent's later steps) relevance is the only evidence there is, so it is used."""
+    if not summary_ids:
+        return {}
+    if mode == "votes" and step0:
+        owners = {r["id"]: r.get("summary_id") for r in store.chunk_records([str(h["id"]) for h in step0], documents=False)}
+        rel = vote_relevance([(owners.get(str(h["id"])), float(h["s_qry"])) for h in step0], summary_ids, temperature)
+    else:
+        rel = list(store.vectors("summaries", summary_ids) @ np.asarray(query_vec, dtype=np.float32))
+    return dict(zip(summary_ids, (float(w) for w in prior_weights(rel, temperature))))

@@ -105,7 +105,8 @@ class LlamaCppChat(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     model_path: str
-    n_ctx: int = 8192
+    # InfMem's Write sees a 5k-token chunk, up to 4k retrieved tokens and a 1k memory at once.
+    n_ctx: int = 16384
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0

@@ -25,7 +25,7 @@ def test_new_question_input_wins_over_an_unanswered_earlier_message(tiny_collect
 
 
 def test_options_from_an_earlier_turn_are_ignored_unless_multiple_choice() -> None:
-    from nodes.qa import options_for
+    from nodes.answer import options_for
 
     state = {"options": ["a goose", "a pig"]}
     assert options_for(state, Context(answer_format="open")) == []

@@ -36,7 +36,7 @@ QUESTION = "Who had carted pears to market?"
 FOLLOW_UP = "Why was it impossible to grind flour in the mill?"
 # Keep every run short: few chunks, one agent step, a few answer tokens.
 SMALL = {"collection": COLLECTION, "max_new_tokens": 12, "top_k": 3, "k0": 10, "k_sum": 2, "max_steps": 1, "step_k": 3}
-GENERATING_NODES = {"generate"}
+GENERATING_NODES = {"generate", "answer"}
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 
 
