@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +72,16 @@ class Variant:
 
     @property
     def fingerprint(self) -> str:
-        """Resolved settings, not the strings typed: ``alpha=0.5`` and ``alpha=0.50`` are one config,
-        and an environment default that changes a run's behaviour changes its fingerprint too."""
-        resolved = {k: v for k, v in asdict(self.context).items() if k != "collection"}
-        payload = {"graph": self.graph, "context": resolved, "ingest": asdict(self.ingest)}
+        """The resolved settings that differ from the Context defaults: ``alpha=0.50`` typed or
+        left at its default of 0.5 is one configuration, an environment variable that changes a
+        setting changes it too, and a new Context field added with a neutral default does not
+        invalidate every cached result. (Code changes are not tracked: after changing what a
+        setting does, write to a new ``--out``.)"""
+        changed = {
+            f.name: getattr(self.context, f.name) for f in fields(Context)
+            if f.name != "collection" and getattr(self.context, f.name) != f.default
+        }
+        payload = {"graph": self.graph, "context": changed, "ingest": asdict(self.ingest)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -200,6 +200,10 @@ def test_variants_and_sweeps() -> None:
     assert variants[1].context.alpha == 0.2 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
     assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the context
     assert len({v.fingerprint for v in variants}) == 5
+    rag, explicit = runner.expand_variants(["rag", "mia_rag"], {"mia_rag:alpha": "0.50"}, {},
+                                               retrieval_only=False, summarizer="extractive")
+    plain = runner.expand_variants(["mia_rag"], {}, {}, retrieval_only=False, summarizer="extractive")[0]
+    assert explicit.fingerprint == plain.fingerprint != rag.fingerprint  # alpha 0.5 is the default
 
 
 @pytest.mark.parametrize(
