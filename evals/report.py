@@ -133,7 +133,7 @@ def _value(record: dict[str, Any], metric: str) -> float:
 
 def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int) -> bool:
     """Recall@k curves with their intervals; False (no file) when no system has gold-span recall."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = Figure(figsize=(7 + 3 * (len(systems) > 4), 4.5), layout="constrained")
     ax = fig.add_subplot()
     drawn = False
     for name in systems:
@@ -152,7 +152,7 @@ def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: S
     ax.set_xlabel("k (chunks retrieved)")
     ax.set_ylabel("Recall@k (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    fig.legend(loc="outside right upper", fontsize="x-small")
     fig.savefig(path, dpi=120)
     return True
 
@@ -169,7 +169,7 @@ def plot_cost(path: Path, run: dict[str, Any], grouped: dict[str, list[dict[str,
     panels = ([(score, f"{score} (%)")] if score else []) + [
         ("tokens", "prompt + generated tokens"), ("seconds", "wall time (s)"),
     ]
-    fig = Figure(figsize=(5 * len(panels), 4.2), layout="constrained")
+    fig = Figure(figsize=(5 * len(panels) + 3 * (len(systems) > 4), 4.2), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (metric, label) in zip(axes, panels):
         for index, name in enumerate(systems):
@@ -188,7 +188,8 @@ def plot_cost(path: Path, run: dict[str, Any], grouped: dict[str, list[dict[str,
         ax.set_xlabel("source length (tokens)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="x-small")
     if run["retrieval_only"]:
         fig.suptitle("retrieval only: no LLM calls, so no tokens", fontsize="small")
     fig.savefig(path, dpi=120)

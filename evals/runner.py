@@ -44,6 +44,7 @@ from evals import metrics
 from evals.datasets import BUILDERS, Dataset, load_dataset
 from graph import registry
 from nodes.context import Context, context_from
+from stores.embeddings import load_embedder
 from stores.ingest import IngestOptions, Summarizer, book_id, ingest
 from stores.mindscape import Mindscape
 from stores.settings import mia_home
@@ -177,7 +178,7 @@ def expand_variants(
         refused = [s for s in systems if s not in RETRIEVAL_ONLY_SYSTEMS]
         if refused:
             raise ValueError(
-                f"{', '.join(refused)} cannot run retrieval-only (what they retrieve depends on the chat model's "
+                f"{', '.join(refused)} cannot run retrieval-only (what each retrieves depends on the chat model's "
                 f"decisions); retrieval-only works for {', '.join(sorted(RETRIEVAL_ONLY_SYSTEMS))}: "
                 "drop --retrieval-only or remove those systems"
             )
@@ -193,6 +194,8 @@ def expand_variants(
 
 
 def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, summarizer: Summarizer) -> Variant:
+    """Ingestion options are split off the settings because they choose the collection; the rest
+    must be valid Context fields, checked now rather than at the first question."""
     if "collection" in raw:
         raise ValueError("collection is chosen by the runner (one per data set and ingestion options); do not set it")
     ingest_values = {key: raw[key] for key in INGEST_KEYS if key in raw}
@@ -326,7 +329,6 @@ def _run_ingestions(plans: dict[str, _Ingestion], progress: bool) -> dict[str, s
     """Ingest every collection the jobs need; returns the embedder name each was built with.
     Per-book bars only for a few collections: hundreds of per-question documents get one bar."""
     from stores.chat import load_chat_model
-    from stores.embeddings import load_embedder
 
     names: dict[str, str] = {}
     chat_models: dict[tuple[str, str], BaseChatModel] = {}  # loading the embedded model checks its sha256
@@ -404,6 +406,9 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
         payload["options"] = list(question["options"])
         overrides.setdefault("answer_format", "choice")
     graph = registry.load_graph(job.variant.graph)
+    # Every variant of a question asks the same query; without this, the first one would pay for
+    # the embedding that the rest then read from the embedder's memo, and wall times would lie.
+    load_embedder(job.variant.context.embedder).forget_queries()
     started = time.perf_counter()
     state = graph.invoke(payload, context=context_from(overrides))
     seconds = time.perf_counter() - started

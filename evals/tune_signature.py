@@ -37,7 +37,7 @@ import bm25s
 import numpy as np
 
 from evals import metrics
-from evals.runner import RECALL_KS, collection_name, prepare_parts, run_eval
+from evals.runner import RECALL_KS, _book_ids, collection_name, prepare_parts, run_eval
 from nodes.retrieval import prior_scores, prior_weights, vote_relevance
 from nodes.signature import coverage_aware, first_k, summary_pool
 from stores.bm25 import tokenize
@@ -301,8 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_eval("fairytale-series", "test", ["rag"], retrieval_only=True, out=harness_out, progress=False,
              settings={"window": str(args.window)}, summarizer="extractive")
     name = collection_name(test_part, options, "minilm", None)
-    from evals.runner import _book_ids  # the harness's own file-name → book mapping
-
     corpus = load_corpus(name, _book_ids(test_part.dataset))
     tune_q = [q for q in parts["train"].dataset.questions][: args.tune_limit] + list(parts["val"].dataset.questions)
     tune = prepare_questions(corpus, [q for q in tune_q if q.get("gold")], "trainval", cache)
@@ -318,19 +316,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid_seconds = time.time() - t0
     best = tuned[0][1]
     best_dense = next(s for _, s in tuned if s.step0 == "dense" and s.base == "dense")
-    (out / "grid.jsonl").write_text("".join(json.dumps({"setting": s.label(), "trainval_r10": round(r, 3)}) + "\n" for r, s in tuned))
+    (out / f"grid-w{args.window}.jsonl").write_text("".join(json.dumps({"setting": s.label(), "trainval_r10": round(r, 3)}) + "\n" for r, s in tuned))
 
     # ---- test, once
-    systems: list[tuple[str, System | None, str]] = [("rag (query-only, in-memory)", make_query_only(corpus), "")]
+    systems: list[tuple[str, System]] = [("rag (query-only, in-memory)", make_query_only(corpus))]
     for init, alpha in itertools.product(("coverage", "first_k"), (0.2, 0.5)):
-        systems.append((f"mia_rag centroid {init} α={alpha} (paper)", make_centroid(corpus, init, alpha, 5), ""))
-    systems.append(("hybrid E1 (BM25+dense RRF), no signature", make_hybrid(corpus), ""))
+        systems.append((f"mia_rag centroid {init} α={alpha} (paper)", make_centroid(corpus, init, alpha, 5)))
+    systems.append(("hybrid E1 (BM25+dense RRF), no signature", make_hybrid(corpus)))
     test_rows: list[str] = []
-    base_test = evaluate([systems[0][1](q) for q in test], test)  # type: ignore[misc]
+    base_test = evaluate([systems[0][1](q) for q in test], test)
     timing: dict[str, float] = {}
-    for label, make, _ in systems:
+    for label, make in systems:
         t = time.perf_counter()
-        orders = [make(q) for q in test]  # type: ignore[misc]
+        orders = [make(q) for q in test]
         timing[label] = 1000 * (time.perf_counter() - t) / len(test)
         test_rows.append(row(label, evaluate(orders, test), base_test if label != systems[0][0] else None, f"{timing[label]:.1f} ms/q"))
     chosen = [best] if best == best_dense else [best, best_dense]

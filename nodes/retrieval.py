@@ -108,9 +108,9 @@ def vote_relevance(step0: Sequence[tuple[str | None, float]], summary_ids: Seque
 
     ``step0`` holds (π(c), s_qry(c)) of the K0 candidates. The log of Σ_c exp(s_qry(c)/τ) over a
     summary's chunks rewards a region that several good chunks light up, which an extractive
-    summary's own vector (a few sentences) often fails to show. Returned in units of s_qry/τ·τ so
-    that ``prior_weights`` with the same τ gives w_s ∝ Σ_c exp(s_qry(c)/τ); a summary no step-0
-    chunk lit up gets −inf, i.e. weight 0.
+    summary's own vector (a few sentences) often fails to show. The value is τ·log Σ_c exp(s_qry(c)/τ),
+    so ``prior_weights`` with the same τ gives w_s ∝ Σ_c exp(s_qry(c)/τ); a summary no step-0 chunk
+    lit up gets −inf, i.e. weight 0.
     """
     mass: dict[str, float] = {}
     top = max((score for _, score in step0), default=0.0)

@@ -217,7 +217,7 @@ def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
         ("alpha=half", "setting alpha='half' is not a valid float"),
         ("k0=ten", "setting k0='ten' is not a valid int"),
         ("lambda_q=-1", "lambda_q, lambda_c and lambda_d must be non-negative"),
-        ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia"),
+        ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia, prior"),
         ("kay0=5", "unknown setting(s) kay0"),
         ("alpha", "--set 'alpha' is not KEY=VALUE"),
     ],
