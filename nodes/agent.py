@@ -25,7 +25,7 @@ from nodes.answer import options_for, usage_of
 from nodes.context import Context
 from nodes.qa import prepare as prepare_question
 from nodes.qa import select_signature
-from nodes.retrieval import dual_signal, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.state import AgentState
 from stores.chat import json_call
 
@@ -74,8 +74,8 @@ def init_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, An
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     step0 = query_only(store, query_vec, ctx.k0)
-    signature = select_signature(store, query_vec, [h.id for h in step0], ctx, default="first_k")
-    return {"step0": [h.as_dict() for h in step0], "signature": signature}
+    signature = select_signature(store, query_vec, step0, ctx, default="first_k")
+    return {"step0": as_scored(step0), "signature": signature}
 
 
 def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["query"], summary_ids)
         hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.step_k, ctx.candidates)
     else:
-        hits = query_only(store, query_vec, ctx.step_k)
+        return {"retrieved": as_scored(query_only(store, query_vec, ctx.step_k))}
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

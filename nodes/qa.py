@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
@@ -13,9 +15,10 @@ from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of
 from nodes.context import Context
-from nodes.retrieval import dual_signal, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
+from stores.mindscape import ChunkHit
 
 
 class QuestionError(ValueError):
@@ -76,7 +79,7 @@ def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     store = resources.mindscape(ctx)
     embedder = resources.embedder(ctx, store)
     hits = query_only(store, embedder.embed_query(state["question"]), ctx.top_k)
-    return {"retrieved": [h.as_dict() for h in hits]}
+    return {"retrieved": as_scored(hits)}
 
 
 def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -86,15 +89,15 @@ def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     step0 = query_only(store, query_vec, ctx.k0)
-    picks = select_signature(store, query_vec, [h.id for h in step0], ctx, default="coverage")
-    return {"step0": [h.as_dict() for h in step0], "signature": picks}
+    picks = select_signature(store, query_vec, step0, ctx, default="coverage")
+    return {"step0": as_scored(step0), "signature": picks}
 
 
-def select_signature(store: Any, query_vec: Any, chunk_ids: list[str], ctx: Context, default: str) -> list[dict[str, Any]]:
-    """InitSignature over ranked chunk ids; ``default`` is the variant used when the context says auto."""
-    records = store.chunk_records(chunk_ids, documents=False)
-    ranked_summaries = [r["summary_id"] for r in records if r.get("summary_id")]
-    if records and not ranked_summaries:
+def select_signature(store: Any, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context, default: str) -> list[dict[str, Any]]:
+    """InitSignature over the ranked step-0 hits; ``default`` is the variant used when the context says auto."""
+    covered = [h for h in step0 if h.summary_id]
+    ranked_summaries = [h.summary_id for h in covered]
+    if step0 and not covered:
         raise resources.MindscapeError(
             f"collection {store.name!r} has no session summaries: re-ingest it with --summarizer llm or extractive"
         )
@@ -104,7 +107,7 @@ def select_signature(store: Any, query_vec: Any, chunk_ids: list[str], ctx: Cont
     else:
         pool, coverage = summary_pool(ranked_summaries)
         picks = coverage_aware(
-            query_vec, pool, store.vectors("summaries", pool), store.vectors("chunks", [r["id"] for r in records if r.get("summary_id")]),
+            query_vec, pool, store.vectors("summaries", pool), np.stack([h.vector for h in covered]),
             coverage, k=ctx.k_sum, lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d),
         )
     return [{"id": p.summary_id, "gain": round(p.gain, 6), "relevance": round(p.relevance, 6),

@@ -16,7 +16,7 @@ import numpy as np
 
 from nodes.context import PriorWeights, SigStrategy
 from stores.embeddings import Embedder
-from stores.mindscape import Mindscape, MindscapeError
+from stores.mindscape import ChunkHit, Mindscape, MindscapeError
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,14 @@ class Scored:
         return {"id": self.id, "score": round(self.score, 6), "s_qry": round(self.s_qry, 6), "s_sig": round(self.s_sig, 6)}
 
 
-def query_only(store: Mindscape, query_vec: np.ndarray, k: int) -> list[Scored]:
-    return [Scored(h.id, h.score, h.score, 0.0) for h in store.search_chunks(query_vec, k)]
+def query_only(store: Mindscape, query_vec: np.ndarray, k: int) -> list[ChunkHit]:
+    """E1: hits carry their summary id and vector, which InitSignature needs next."""
+    return store.search_chunks(query_vec, k, with_data=True)
+
+
+def as_scored(hits: Sequence[ChunkHit]) -> list[dict[str, float | str]]:
+    """Query-only hits in the state's ranking shape (s_sig = 0)."""
+    return [Scored(h.id, h.score, h.score, 0.0).as_dict() for h in hits]
 
 
 def signature_text(store: Mindscape, summary_ids: Sequence[str]) -> str:
@@ -75,11 +81,11 @@ def dual_signal(
 ) -> list[Scored]:
     """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring)."""
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
-    hits = store.search_chunks(mixed, max(k, candidates))
+    hits = store.search_chunks(mixed, max(k, candidates), with_data=True)
     if not hits:
         return []
     ids = [h.id for h in hits]
-    vectors = store.vectors("chunks", ids)
+    vectors = np.stack([h.vector for h in hits])
     s_qry = vectors @ query_vec
     s_sig = vectors @ sig_vec
     score = (1.0 - alpha) * s_qry + alpha * s_sig

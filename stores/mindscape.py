@@ -10,7 +10,7 @@ summaries of a book without a matching row are leftovers of an interrupted run a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -73,8 +73,13 @@ def list_mindscapes(client: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class ChunkHit:
+    """A search hit; with ``with_data`` it also carries what InitSignature and rescoring need,
+    fetched in the same query instead of a second round trip to Chroma."""
+
     id: str
     score: float
+    summary_id: str = ""
+    vector: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 class Mindscape:
@@ -156,18 +161,25 @@ class Mindscape:
         pairs = sorted(zip(got["ids"], got["metadatas"]), key=lambda p: p[1]["index"])
         return [i for i, _ in pairs]
 
-    def search_chunks(self, vector: np.ndarray, k: int, where: dict[str, Any] | None = None) -> list[ChunkHit]:
+    def search_chunks(self, vector: np.ndarray, k: int, where: dict[str, Any] | None = None,
+                      with_data: bool = False) -> list[ChunkHit]:
         """Nearest chunks by cosine similarity (score = 1 − cosine distance)."""
         count = self.chunks.count()
         if count == 0 or k <= 0:
             return []
+        include = ["distances", "metadatas", "embeddings"] if with_data else ["distances"]
         got = self.chunks.query(
             query_embeddings=[np.asarray(vector, dtype=np.float32).tolist()],
             n_results=min(k, count),
             where=where,
-            include=["distances"],
+            include=include,
         )
-        return [ChunkHit(i, 1.0 - float(d)) for i, d in zip(got["ids"][0], got["distances"][0])]
+        if not with_data:
+            return [ChunkHit(i, 1.0 - float(d)) for i, d in zip(got["ids"][0], got["distances"][0])]
+        return [
+            ChunkHit(i, 1.0 - float(d), str(m.get("summary_id") or ""), np.asarray(e, dtype=np.float32))
+            for i, d, m, e in zip(got["ids"][0], got["distances"][0], got["metadatas"][0], got["embeddings"][0])
+        ]
 
     def stats(self) -> dict[str, Any]:
         records = self.book_records()
