@@ -24,7 +24,7 @@ from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of
 from nodes.context import Context
 from nodes.qa import prepare as prepare_question
-from nodes.qa import select_signature
+from nodes.qa import initial_signature
 from nodes.retrieval import as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.state import AgentState
 from stores.chat import json_call
@@ -69,13 +69,7 @@ def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
 
 def init_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     """σ_0 from the step-0 query-only pool; First-K by default in the agent (App. A)."""
-    ctx = runtime.context
-    store = resources.mindscape(ctx)
-    embedder = resources.embedder(ctx, store)
-    query_vec = embedder.embed_query(state["question"])
-    step0 = query_only(store, query_vec, ctx.k0)
-    signature = select_signature(store, query_vec, step0, ctx, default="first_k")
-    return {"step0": as_scored(step0), "signature": signature}
+    return initial_signature(state["question"], runtime.context, default="first_k")
 
 
 def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:

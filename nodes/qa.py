@@ -84,13 +84,15 @@ def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
 
 def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     """Step 0 (E1, K0 candidates) and the signature selected from the summaries they light up."""
-    ctx = runtime.context
+    return initial_signature(state["question"], runtime.context, default="coverage")
+
+
+def initial_signature(question: str, ctx: Context, default: str) -> dict[str, Any]:
+    """σ_0 and the step-0 ranking; ``default`` is the InitSignature variant used when the context says auto."""
     store = resources.mindscape(ctx)
-    embedder = resources.embedder(ctx, store)
-    query_vec = embedder.embed_query(state["question"])
+    query_vec = resources.embedder(ctx, store).embed_query(question)
     step0 = query_only(store, query_vec, ctx.k0)
-    picks = select_signature(store, query_vec, step0, ctx, default="coverage")
-    return {"step0": as_scored(step0), "signature": picks}
+    return {"step0": as_scored(step0), "signature": select_signature(store, query_vec, step0, ctx, default)}
 
 
 def select_signature(store: Any, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context, default: str) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ history in Studio readable: what a step retrieved is a list of ids with scores.
 
 from __future__ import annotations
 
-import operator
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AnyMessage

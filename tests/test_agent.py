@@ -4,7 +4,7 @@ tiny collection; one slow test runs mia_agent with the embedded chat model."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
