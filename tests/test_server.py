@@ -37,6 +37,7 @@ FOLLOW_UP = "Why was it impossible to grind flour in the mill?"
 # Keep every run short: few chunks, one agent step, a few answer tokens.
 SMALL = {"collection": COLLECTION, "max_new_tokens": 12, "top_k": 3, "k0": 10, "k_sum": 2, "max_steps": 1, "step_k": 3}
 GENERATING_NODES = {"generate", "answer"}
+MEMORY_GRAPHS = {"infmem", "memagent"}
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 
 
@@ -222,7 +223,9 @@ def test_chat_turns_on_a_thread(served: Served, graph: str, embedded_model_file:
     assert tokens, "no answer tokens were streamed"
     assert {node for node, _ in tokens} <= GENERATING_NODES
     reply = values["messages"][-1]
-    assert reply["type"] == "ai" and "Sources:" in reply["content"]
+    assert reply["type"] == "ai"
+    if graph not in MEMORY_GRAPHS:  # the streaming agents answer from their memory, not from passages
+        assert "Sources:" in reply["content"]
     assert reply["content"].startswith("".join(text for _, text in tokens).strip())
     assert values["question"] == QUESTION
 
