@@ -239,8 +239,10 @@ def test_chat_turns_on_a_thread(served: Served, graph: str, embedded_model_file:
     assert output["question"] == state["question"] and output["question"] not in ("", QUESTION)
     kinds = [(m["type"], m["content"]) for m in output["messages"]]
     assert [k for k, _ in kinds] == ["human", "ai", "human", "ai"]
-    assert kinds[0][1] == QUESTION and kinds[2][1] == FOLLOW_UP and "Sources:" in kinds[3][1]
-    assert output["retrieved"] and output["usage"]["llm_calls"] >= 1  # per-question fields were reset
+    assert kinds[0][1] == QUESTION and kinds[2][1] == FOLLOW_UP
+    assert graph in MEMORY_GRAPHS or "Sources:" in kinds[3][1]
+    # per-question fields were reset (the memory agents keep no passage ranking)
+    assert (graph in MEMORY_GRAPHS or output["retrieved"]) and output["usage"]["llm_calls"] >= 1
     history = client.threads.get_history(thread_id, limit=100)
     assert {output["question"], QUESTION} <= {h["values"].get("question") for h in history}
 
