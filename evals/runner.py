@@ -544,8 +544,9 @@ def run_eval(
     out = Path(out)
     lengths = [length] if isinstance(length, int) else list(length or [])
     variants = expand_variants(systems, settings or {}, sweeps or {}, retrieval_only=retrieval_only, summarizer=summarizer)
-    out.mkdir(parents=True, exist_ok=True)
+    # Validation first: a mistyped command must not leave an empty output folder behind.
     parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file)
+    out.mkdir(parents=True, exist_ok=True)
     jobs: list[Job] = []
     for part in parts:
         for question in select_questions(part.dataset.questions, limit):

@@ -17,6 +17,7 @@ SignatureInit = Literal["auto", "coverage", "first_k"]
 SigStrategy = Literal["centroid", "concat", "mia", "prior"]
 PriorWeights = Literal["votes", "relevance"]
 AnswerFormat = Literal["open", "choice", "verify"]
+Retriever = Literal["dense", "hybrid"]
 
 
 def _setting(default: Any, description: str) -> Any:
@@ -37,6 +38,9 @@ class Context:
 
     retrieval_only: bool = _setting(False, "Stop after retrieval, with no LLM call (evaluation, debugging).")
     top_k: int = _setting(10, "Chunks given to the generator (static graphs).")
+    retriever: Retriever = _setting(
+        "dense", "dense: rank by the embedder only (the paper). hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion."
+    )
     k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.")
     k_sum: int = _setting(5, "Summaries in the signature (K_sum).")
     signature_init: SignatureInit = _setting(
@@ -104,7 +108,7 @@ class Context:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid setting: {message}")
-        for name, kind in (("signature_init", SignatureInit), ("sig_strategy", SigStrategy), ("prior_weights", PriorWeights),
+        for name, kind in (("retriever", Retriever), ("signature_init", SignatureInit), ("sig_strategy", SigStrategy), ("prior_weights", PriorWeights),
                            ("answer_inputs", AnswerInputs), ("answer_format", AnswerFormat)):
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"invalid setting: {name} must be one of {', '.join(get_args(kind))}, got {getattr(self, name)!r}")

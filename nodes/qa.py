@@ -15,7 +15,7 @@ from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of
 from nodes.context import Context
-from nodes.retrieval import as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import as_scored, dual_signal, lexical, membership_prior, query_only, signature_vector, signature_weights
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
 from stores.mindscape import ChunkHit
@@ -78,8 +78,9 @@ def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = runtime.context
     store = resources.mindscape(ctx)
     embedder = resources.embedder(ctx, store)
-    hits = query_only(store, embedder.embed_query(state["question"]), ctx.top_k)
-    return {"retrieved": as_scored(hits)}
+    query_vec = embedder.embed_query(state["question"])
+    hits = query_only(store, query_vec, ctx.top_k, text=state["question"], hybrid=ctx.retriever == "hybrid", depth=ctx.candidates)
+    return {"retrieved": as_scored(hits, query_vec)}
 
 
 def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -91,8 +92,8 @@ def initial_signature(question: str, ctx: Context, default: str) -> dict[str, An
     """σ_0 and the step-0 ranking; ``default`` is the InitSignature variant used when the context says auto."""
     store = resources.mindscape(ctx)
     query_vec = resources.embedder(ctx, store).embed_query(question)
-    step0 = query_only(store, query_vec, ctx.k0)
-    return {"step0": as_scored(step0), "signature": select_signature(store, query_vec, step0, ctx, default)}
+    step0 = query_only(store, query_vec, ctx.k0, text=question, hybrid=ctx.retriever == "hybrid", depth=ctx.candidates)
+    return {"step0": as_scored(step0, query_vec), "signature": select_signature(store, query_vec, step0, ctx, default)}
 
 
 def select_signature(store: Any, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context, default: str) -> list[dict[str, Any]]:
@@ -123,12 +124,13 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[s
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]
+    bm25 = lexical(store, state["question"], max(ctx.top_k, ctx.candidates)) if ctx.retriever == "hybrid" else []
     if ctx.sig_strategy == "prior":
         weights = signature_weights(store, query_vec, summary_ids, ctx.prior_weights, ctx.prior_temperature, state.get("step0") or [])
-        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates)
+        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates, bm25)
     else:
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["question"], summary_ids)
-        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates)
+        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, bm25)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

@@ -5,6 +5,12 @@ E2's score s(c) = (1 − α)·e_q·e_c + α·s_sig(c) is linear in the chunk vec
 e_σ), so the top of the ranking over the WHOLE collection is one nearest-neighbour search with
 v = (1 − α)·e_q + α·e_σ. The candidates it returns are then rescored exactly, which also undoes
 any approximation of the vector index within the candidate set.
+
+With ``retriever=hybrid`` every ranking is fused with BM25 over the chunk texts (reciprocal rank
+fusion, k = 60): the lexical hits join the candidate set, are scored exactly like the dense
+candidates, and the final order is the fusion of the exact dense ranking and the BM25 ranking.
+On the fairy-tale series set the dense step 0 misses stories that a name or a rare word would
+find (evals/results/signature-payoff); BM25 is what finds them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from nodes.context import PriorWeights, SigStrategy
+from stores.bm25 import ChunkIndex
 from stores.embeddings import Embedder
 from stores.mindscape import ChunkHit, Mindscape, MindscapeError
 
@@ -30,14 +37,59 @@ class Scored:
         return {"id": self.id, "score": round(self.score, 6), "s_qry": round(self.s_qry, 6), "s_sig": round(self.s_sig, 6)}
 
 
-def query_only(store: Mindscape, query_vec: np.ndarray, k: int) -> list[ChunkHit]:
-    """E1: hits carry their summary id and vector, which InitSignature needs next."""
-    return store.search_chunks(query_vec, k, with_data=True)
+RRF_K = 60
 
 
-def as_scored(hits: Sequence[ChunkHit]) -> list[dict[str, float | str]]:
-    """Query-only hits in the state's ranking shape (s_sig = 0)."""
-    return [Scored(h.id, h.score, h.score, 0.0).as_dict() for h in hits]
+def reciprocal_rank_fusion(*rankings: Sequence[str], k: int = RRF_K) -> list[tuple[str, float]]:
+    """(id, Σ 1/(k + rank)) over the rankings (ranks from 1), best first; ties keep first-seen order."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, id_ in enumerate(ranking, start=1):
+            fused[id_] = fused.get(id_, 0.0) + 1.0 / (k + rank)
+    return sorted(fused.items(), key=lambda item: -item[1])
+
+
+def lexical(store: Mindscape, text: str, depth: int) -> list[str]:
+    """The BM25 ranking of ``text`` over the collection's chunks (hybrid retrieval)."""
+    return ChunkIndex.for_collection(store).search(text, depth)
+
+
+def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", hybrid: bool = False,
+               depth: int = 100) -> list[ChunkHit]:
+    """E1: hits carry their summary id and vector, which InitSignature needs next.
+
+    ``hybrid`` fuses the dense ranking of ``max(k, depth)`` candidates with BM25's ranking of
+    ``text``; a hit's score is then its fused score (its cosine stays available as s_qry).
+    """
+    if not hybrid:
+        return store.search_chunks(query_vec, k, with_data=True)
+    depth = max(k, depth)
+    dense = store.search_chunks(query_vec, depth, with_data=True)
+    by_id = {h.id: h for h in dense}
+    fused = reciprocal_rank_fusion([h.id for h in dense], lexical(store, text, depth))[:k]
+    missing = [i for i, _ in fused if i not in by_id]
+    if missing:
+        owners = {r["id"]: str(r.get("summary_id") or "") for r in store.chunk_records(missing, documents=False)}
+        for id_, vector in zip(missing, store.vectors("chunks", missing)):
+            by_id[id_] = ChunkHit(id_, float(vector @ query_vec), owners.get(id_, ""), vector)
+    return [ChunkHit(i, score, by_id[i].summary_id, by_id[i].vector) for i, score in fused]
+
+
+def as_scored(hits: Sequence[ChunkHit], query_vec: np.ndarray) -> list[dict[str, float | str]]:
+    """Query-only hits in the state's ranking shape (s_qry = cosine to the query, s_sig = 0)."""
+    q = np.asarray(query_vec, dtype=np.float32)
+    return [Scored(h.id, h.score, float(h.vector @ q) if h.vector is not None else h.score, 0.0).as_dict() for h in hits]
+
+
+def _ranked(ids: Sequence[str], score: np.ndarray, s_qry: np.ndarray, s_sig: np.ndarray, k: int,
+            bm25: Sequence[str]) -> list[Scored]:
+    """The top k by exact score, or by its fusion with the BM25 ranking ``bm25`` when one is given."""
+    order = np.argsort(-score, kind="stable")
+    if not bm25:
+        return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(s_sig[i])) for i in order[:k]]
+    row = {id_: n for n, id_ in enumerate(ids)}
+    fused = reciprocal_rank_fusion([ids[i] for i in order], bm25)[:k]
+    return [Scored(i, f, float(s_qry[row[i]]), float(s_sig[row[i]])) for i, f in fused]
 
 
 def signature_text(store: Mindscape, summary_ids: Sequence[str]) -> str:
@@ -77,20 +129,24 @@ def signature_vector(
 
 
 def dual_signal(
-    store: Mindscape, query_vec: np.ndarray, sig_vec: np.ndarray, alpha: float, k: int, candidates: int
+    store: Mindscape, query_vec: np.ndarray, sig_vec: np.ndarray, alpha: float, k: int, candidates: int,
+    bm25: Sequence[str] = (),
 ) -> list[Scored]:
-    """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring)."""
+    """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring),
+    fused with the BM25 ranking ``bm25`` when one is given (its hits are scored exactly too)."""
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
     hits = store.search_chunks(mixed, max(k, candidates), with_data=True)
-    if not hits:
-        return []
     ids = [h.id for h in hits]
-    vectors = np.stack([h.vector for h in hits])
+    seen = set(ids)
+    extra = [i for i in dict.fromkeys(bm25) if i not in seen]
+    if not ids and not extra:
+        return []
+    vectors = np.stack([h.vector for h in hits] + list(store.vectors("chunks", extra) if extra else []))
+    ids += extra
     s_qry = vectors @ query_vec
     s_sig = vectors @ sig_vec
     score = (1.0 - alpha) * s_qry + alpha * s_sig
-    order = np.argsort(-score, kind="stable")[:k]
-    return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(s_sig[i])) for i in order]
+    return _ranked(ids, score, s_qry, s_sig, k, bm25)
 
 
 def prior_weights(relevance: Sequence[float], temperature: float) -> np.ndarray:
@@ -150,6 +206,7 @@ def membership_prior(
     gate: float,
     k: int,
     candidates: int,
+    bm25: Sequence[str] = (),
 ) -> list[Scored]:
     """Top-k chunks under ``prior_scores``, scored exactly over E1 top-``candidates`` ∪ every chunk
     of the signature's sessions.
@@ -157,10 +214,11 @@ def membership_prior(
     s_sig is a step function of the chunk's session, not a linear function of its vector, so one
     interpolated vector search cannot find the top of the ranking; but a chunk outside both sets
     has s_sig = 0 and a query score below the E1 cut, so it cannot outrank the candidates' top k
-    (when k ≤ candidates).
+    (when k ≤ candidates). With a BM25 ranking ``bm25``, its hits join the set and the exact order
+    is fused with it.
     """
     hits = store.search_chunks(query_vec, max(k, candidates))
-    ids = [h.id for h in hits]
+    ids = list(dict.fromkeys([h.id for h in hits] + list(bm25)))
     owners = [r.get("summary_id") for r in store.chunk_records(ids, documents=False)]
     members = [s for s, w in weights.items() if w > 0.0]
     if members and max(weights.values()) >= gate:
@@ -175,8 +233,7 @@ def membership_prior(
         return []
     s_qry = store.vectors("chunks", ids) @ np.asarray(query_vec, dtype=np.float32)
     score, s_sig, _ = prior_scores(s_qry, owners, weights, alpha, gate)
-    order = np.argsort(-score, kind="stable")[:k]
-    return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(s_sig[i])) for i in order]
+    return _ranked(ids, score, s_qry, s_sig, k, bm25)
 
 
 def signature_weights(

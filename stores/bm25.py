@@ -1,4 +1,4 @@
-"""In-document BM25 (``bm25s``) over token windows of a mindscape's source, cached on disk.
+"""BM25 (``bm25s``) over a mindscape, cached on disk: in-document windows and whole chunks.
 
 InfMem's Retrieve step searches the very document being streamed, in windows of ``window``
 tiktoken tokens overlapping by ``overlap`` tokens (the paper's 500/100). Windows are cut from
@@ -8,6 +8,10 @@ hit can be mapped back to the text and compared with the chunk being read.
 The index lives under ``MIA_HOME/bm25/<collection>/<key>/`` where the key hashes the source text,
 the window parameters and the tokenizer version: re-asking a question never re-indexes, and any
 change to the source (a book added or re-ingested) or to the parameters builds a fresh index.
+
+``ChunkIndex`` is the lexical half of ``retriever=hybrid``: BM25 over the stored chunks
+themselves, so its hits are chunk ids that fuse with the dense ranking. It is keyed by the
+collection's version (the books' content hashes), so re-ingesting a book rebuilds it.
 
 Tokenisation (one rule for every language, so a mixed English/Chinese collection works):
 words of letters and digits are lowercased and kept whole unless they are English stopwords;
@@ -183,3 +187,53 @@ def _load(path: str) -> tuple[bm25s.BM25, list[tuple[int, int]]]:
     retriever = bm25s.BM25.load(path, show_progress=False)
     meta = json.loads((Path(path) / "windows.json").read_text())
     return retriever, [(int(s), int(e)) for s, e in meta["spans"]]
+
+
+class ChunkIndex:
+    """BM25 over every chunk of a collection; hits are chunk ids."""
+
+    def __init__(self, ids: list[str], retriever: bm25s.BM25) -> None:
+        self.ids = ids
+        self.retriever = retriever
+
+    @classmethod
+    def for_collection(cls, store: Mindscape) -> ChunkIndex:
+        """Load the index of the collection's current chunks, or build it beside the window indexes."""
+        key = hashlib.sha256(f"{TOKENIZER_VERSION}|chunks\n{store.version()!r}".encode()).hexdigest()[:20]
+        path = mia_home() / "bm25" / store.name / f"chunks-{key}"
+        if not (path / "chunks.json").exists():
+            _build_chunks(store, path)
+        return cls(*_load_chunks(str(path)))
+
+    def search(self, query: str, k: int) -> list[str]:
+        """Ids of the ``k`` best chunks for ``query`` that score above zero, best first."""
+        terms = tokenize(query)
+        if not terms or k <= 0 or not self.ids:
+            return []
+        scores = self.retriever.get_scores(terms)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [self.ids[i] for i in order if scores[i] > 0]
+
+
+def _build_chunks(store: Mindscape, path: Path) -> None:
+    got = store.chunks.get(include=["documents"])
+    pairs = sorted(zip(got["ids"], got["documents"]))
+    retriever = bm25s.BM25()
+    if pairs:
+        retriever.index([tokenize(text) for _, text in pairs], show_progress=False)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if pairs:
+        retriever.save(str(tmp), show_progress=False)
+    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": TOKENIZER_VERSION, "ids": [i for i, _ in pairs]}))
+    try:
+        tmp.rename(path)
+    except OSError:  # another process finished the same index first; theirs is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@lru_cache(maxsize=8)
+def _load_chunks(path: str) -> tuple[list[str], bm25s.BM25]:
+    ids = json.loads((Path(path) / "chunks.json").read_text())["ids"]
+    return ids, (bm25s.BM25.load(path, show_progress=False) if ids else bm25s.BM25())

@@ -151,6 +151,11 @@ class Mindscape:
         by_id = dict(zip(got["ids"], got["embeddings"]))
         return np.asarray([by_id[i] for i in ids], dtype=np.float32)
 
+    def version(self) -> tuple[Any, ...]:
+        """Changes whenever a book is added, replaced or removed: its commit row carries the content
+        hash and the chunking options, and is deleted first and written last by every ingestion."""
+        return tuple(sorted((b, tuple(sorted(r.items()))) for b, r in self.book_records().items()))
+
     def chunks_of_summary(self, summary_id: str) -> list[str]:
         got = self.chunks.get(where={"summary_id": summary_id}, include=["metadatas"])
         pairs = sorted(zip(got["ids"], got["metadatas"]), key=lambda p: p[1]["index"])

@@ -26,6 +26,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from stores import chat as chat_module
+from stores.bm25 import ChunkIndex
 from stores.embeddings import Embedder
 from stores.ingest import IngestOptions, InputError, book_id, ingest
 from stores.mindscape import Mindscape, MindscapeError
@@ -273,6 +274,18 @@ def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, min
     assert new_count < old_counts[book_id(changed)]
     assert store.chunk_records([f"{book_id(changed)}:c{new_count:06d}"]) == []
     assert store.book_records()[book_id(changed)]["order"] == 0
+
+
+def test_chunk_bm25_index_follows_a_replaced_book(client, books, cache, minilm) -> None:
+    """retriever=hybrid's lexical half must search the chunks the collection holds now."""
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    store = Mindscape("shelf", client)
+    assert ChunkIndex.for_collection(store).search("lighthouse keeper", 5) == []
+    books[0].write_text("A wholly different tale about a lighthouse keeper and his cat. " * 60, encoding="utf-8")
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    hits = ChunkIndex.for_collection(store).search("lighthouse keeper", 5)
+    assert hits and all(h.startswith(book_id(books[0]) + ":") for h in hits)
+    assert set(hits) <= set(store.chunks.get()["ids"])
 
 
 def test_changed_options_rewrite_the_book(client, books, cache, minilm) -> None:

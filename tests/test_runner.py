@@ -219,9 +219,11 @@ def test_variants_and_sweeps() -> None:
     ],
 )
 def test_user_errors(kwargs: dict[str, Any], message: str, tmp_path: Path) -> None:
-    args = {"dataset": "fairytale-series", "split": None, "out": tmp_path, "progress": False, **kwargs}
+    out = tmp_path / "report"
+    args = {"dataset": "fairytale-series", "split": None, "out": out, "progress": False, **kwargs}
     with pytest.raises(ValueError, match=message):
         runner.run_eval(**args)
+    assert not out.exists(), "a refused run must not leave an output folder behind"
 
 
 def test_agents_refused_in_retrieval_only(monkeypatch: pytest.MonkeyPatch) -> None:
