@@ -28,6 +28,7 @@ PRIMARY_SCORES = ("f1", "accuracy", "recall@10", "recall@5", "recall@1")
 DECIMALS = {"llm_calls": 2, "seconds": 3}
 """Scores and token counts read well to 0.1; calls and seconds per question are often below 1."""
 BASELINE = "rag"
+"""Paired differences are taken against this system, or against the first ``rag[...]`` variant of a sweep."""
 REPORT_FILE = "report.md"
 RECALL_PLOT = "recall_at_k.png"
 COST_PLOT = "cost_vs_length.png"
@@ -92,23 +93,24 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
     for name in systems:
         cells = [_fmt(m, bootstrap_ci(values[name][m], seed=seed)) if m in values[name] else "–" for m in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if BASELINE in systems and len(systems) > 1:
-        base = _aligned(grouped[BASELINE])
+    baseline = next((n for n in systems if n == BASELINE), None) or next((n for n in systems if n.startswith(f"{BASELINE}[")), None)
+    if baseline is not None and len(systems) > 1:
+        base = _aligned(grouped[baseline])
         lines += [
             "",
-            f"## Paired difference against `{BASELINE}` (system − {BASELINE}, same questions, 95% paired bootstrap interval)",
+            f"## Paired difference against `{baseline}` (system − baseline, same questions, 95% paired bootstrap interval)",
             "",
             "| system | " + " | ".join(columns) + " |",
             "|---|" + "---|" * len(columns),
         ]
         for name in systems:
-            if name == BASELINE:
+            if name == baseline:
                 continue
             mine = _aligned(grouped[name])
             keys = [k for k in mine if k in base]
             cells = []
             for metric in columns:
-                if metric in values[name] and metric in values[BASELINE]:
+                if metric in values[name] and metric in values[baseline]:
                     a = [_value(mine[k], metric) for k in keys]
                     b = [_value(base[k], metric) for k in keys]
                     cells.append(_fmt(metric, paired_bootstrap_ci(a, b, seed=seed)))

@@ -230,3 +230,21 @@ def test_agents_refused_in_retrieval_only(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(registry, "QUESTION_GRAPHS", ("rag", "mia_rag", "mia_agent"))
     with pytest.raises(ValueError, match="mia_agent cannot run retrieval-only"):
         runner.expand_variants(["rag", "mia_agent"], {}, {}, retrieval_only=True, summarizer="extractive")
+
+
+def test_paired_table_uses_a_swept_rag_as_baseline() -> None:
+    """With ``--sweep retriever=dense,hybrid`` no variant is called plain ``rag``: the first rag[...] is the baseline."""
+    from evals import report
+
+    def rec(system: str, qid: str, recall: float) -> dict[str, Any]:
+        return {"system": system, "part": "p", "id": qid, "scores": {"recall@10": recall},
+                **{m: 0.0 for m in report.COST_METRICS}}
+
+    systems = ["rag[retriever=dense]", "rag[retriever=hybrid]"]
+    records = [rec(systems[0], q, 0.0) for q in "abcd"] + [rec(systems[1], q, 1.0) for q in "abcd"]
+    lines = report._tables({"parts": [{}]}, report._by_system(records), systems, seed=0)
+    text = "\n".join(lines)
+    assert "Paired difference against `rag[retriever=dense]`" in text
+    paired = lines[next(i for i, line in enumerate(lines) if line.startswith("## Paired")):]
+    row = next(line for line in paired if line.startswith("| rag[retriever=hybrid] |"))
+    assert row.split("|")[2].strip() == "1.0 [1.0, 1.0]"  # hybrid − dense recall@10, the same on every question
