@@ -219,9 +219,12 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     graphs = {name: load_graph(name) for name in ("rag", "mia_rag")}
 
     # Query vectors are memoised per text (stores.embeddings); each measurement starts without
-    # them, as a new question would, so every run pays for its own query embedding.
+    # them, as a new question would, so every run pays for its own query embedding. Each question
+    # also opens the collection afresh (untimed), as every graph node does, so the books' commit
+    # rows that a node reads once (Mindscape.version) are read again in E1, as in the graph.
     def stages_mia(question: str) -> dict[str, float]:
         embedder.forget_queries()
+        store = Mindscape(collection)
         t0 = time.perf_counter()
         query_vec = embedder.embed_query(question)
         t1 = time.perf_counter()
@@ -244,10 +247,11 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
 
     def stages_rag(question: str) -> dict[str, float]:
         embedder.forget_queries()
+        store = Mindscape(collection)
         t0 = time.perf_counter()
         query_vec = embedder.embed_query(question)
         t1 = time.perf_counter()
-        query_only(store, query_vec, ctx.top_k)
+        query_only(store, query_vec, ctx.top_k, for_signature=False)
         t2 = time.perf_counter()
         return {"query_embedding": t1 - t0, "e1": t2 - t1, "total": t2 - t0}
 
@@ -319,8 +323,8 @@ def print_retrieval(result: dict[str, Any]) -> None:
     selection = result["stages"]["mia_rag"]["selection"]["mean"] * 1e3
     greedy = result["stages"]["mia_rag"]["selection_greedy_only"]["mean"] * 1e3
     goal_ms = result["selection_goal_ms"]
-    print(f"  selection at K0={s['k0']}: {selection:.2f} ms mean incl. fetching records and vectors from Chroma "
-          f"({greedy:.2f} ms the greedy alone)   goal ≤ {goal_ms:g} ms: {'met' if selection <= goal_ms else 'NOT met'}")
+    print(f"  selection at K0={s['k0']}: {selection:.2f} ms mean incl. getting the summary vectors "
+          f"(held in memory while the books are unchanged; {greedy:.2f} ms the greedy alone)   goal ≤ {goal_ms:g} ms: {'met' if selection <= goal_ms else 'NOT met'}")
 
 
 def cmd_retrieval_bench(args: argparse.Namespace) -> int:

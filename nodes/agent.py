@@ -81,7 +81,8 @@ def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     summary_ids = [s["id"] for s in state.get("signature") or []]
     hybrid = ctx.retriever == "hybrid"
     if not summary_ids:
-        hits = query_only(store, query_vec, ctx.step_k, text=state["query"], hybrid=hybrid, depth=ctx.candidates)
+        hits = query_only(store, query_vec, ctx.step_k, text=state["query"], hybrid=hybrid, depth=ctx.candidates,
+                          for_signature=False)
         return {"retrieved": as_scored(hits, query_vec)}
     bm25 = lexical(store, state["query"], max(ctx.step_k, ctx.candidates)) if hybrid else []
     if ctx.sig_strategy == "prior":

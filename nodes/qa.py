@@ -79,7 +79,8 @@ def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     store = resources.mindscape(ctx)
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
-    hits = query_only(store, query_vec, ctx.top_k, text=state["question"], hybrid=ctx.retriever == "hybrid", depth=ctx.candidates)
+    hits = query_only(store, query_vec, ctx.top_k, text=state["question"], hybrid=ctx.retriever == "hybrid",
+                      depth=ctx.candidates, for_signature=False)
     return {"retrieved": as_scored(hits, query_vec)}
 
 

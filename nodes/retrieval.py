@@ -55,24 +55,24 @@ def lexical(store: Mindscape, text: str, depth: int) -> list[str]:
 
 
 def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", hybrid: bool = False,
-               depth: int = 100) -> list[ChunkHit]:
-    """E1: hits carry their summary id and vector, which InitSignature needs next.
+               depth: int = 100, for_signature: bool = True) -> list[ChunkHit]:
+    """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next.
 
     ``hybrid`` fuses the dense ranking of ``max(k, depth)`` candidates with BM25's ranking of
     ``text``; a hit's score is then its fused score (its cosine stays available as s_qry).
     """
     if not hybrid:
-        return store.search_chunks(query_vec, k, with_data=True)
+        return store.search_chunks(query_vec, k, vectors=for_signature, owners=for_signature)
     depth = max(k, depth)
-    dense = store.search_chunks(query_vec, depth, with_data=True)
+    dense = store.search_chunks(query_vec, depth, vectors=True)
     by_id = {h.id: h for h in dense}
     fused = reciprocal_rank_fusion([h.id for h in dense], lexical(store, text, depth))[:k]
     missing = [i for i, _ in fused if i not in by_id]
-    if missing:
-        owners = {r["id"]: str(r.get("summary_id") or "") for r in store.chunk_records(missing, documents=False)}
-        for id_, vector in zip(missing, store.vectors("chunks", missing)):
-            by_id[id_] = ChunkHit(id_, float(vector @ query_vec), owners.get(id_, ""), vector)
-    return [ChunkHit(i, score, by_id[i].summary_id, by_id[i].vector) for i, score in fused]
+    for id_, vector in zip(missing, store.vectors("chunks", missing) if missing else []):
+        by_id[id_] = ChunkHit(id_, float(vector @ query_vec), "", vector)
+    ids = [i for i, _ in fused]
+    sessions = store.summary_of(ids) if for_signature else [""] * len(ids)
+    return [ChunkHit(i, score, owner, by_id[i].vector) for (i, score), owner in zip(fused, sessions)]
 
 
 def as_scored(hits: Sequence[ChunkHit], query_vec: np.ndarray) -> list[dict[str, float | str]]:
@@ -135,7 +135,7 @@ def dual_signal(
     """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring),
     fused with the BM25 ranking ``bm25`` when one is given (its hits are scored exactly too)."""
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
-    hits = store.search_chunks(mixed, max(k, candidates), with_data=True)
+    hits = store.search_chunks(mixed, max(k, candidates), vectors=True)
     ids = [h.id for h in hits]
     seen = set(ids)
     extra = [i for i in dict.fromkeys(bm25) if i not in seen]
@@ -219,7 +219,7 @@ def membership_prior(
     """
     hits = store.search_chunks(query_vec, max(k, candidates))
     ids = list(dict.fromkeys([h.id for h in hits] + list(bm25)))
-    owners = [r.get("summary_id") for r in store.chunk_records(ids, documents=False)]
+    owners: list[str | None] = [o or None for o in store.summary_of(ids)]
     members = [s for s, w in weights.items() if w > 0.0]
     if members and max(weights.values()) >= gate:
         got = store.chunks.get(where={"summary_id": {"$in": members}}, include=["metadatas"])
@@ -250,7 +250,8 @@ def signature_weights(
     if not summary_ids:
         return {}
     if mode == "votes" and step0:
-        owners = {r["id"]: r.get("summary_id") for r in store.chunk_records([str(h["id"]) for h in step0], documents=False)}
+        step0_ids = [str(h["id"]) for h in step0]
+        owners = {i: o or None for i, o in zip(step0_ids, store.summary_of(step0_ids))}
         rel = vote_relevance([(owners.get(str(h["id"])), float(h["s_qry"])) for h in step0], summary_ids, temperature)
     else:
         rel = list(store.vectors("summaries", summary_ids) @ np.asarray(query_vec, dtype=np.float32))

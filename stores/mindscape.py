@@ -25,6 +25,9 @@ SUFFIXES = ("__chunks", "__summaries", "__books")
 # Chroma rejects larger single writes (~5461 records on SQLite); stay well below it.
 WRITE_BATCH = 2000
 _COSINE = {"hnsw:space": "cosine"}
+# Per-process copies of each summaries collection's vectors: (version, id → row, matrix), keyed by
+# the Chroma collection's id, which a re-created collection never reuses.
+_SUMMARY_VECTORS: dict[str, tuple[tuple[Any, ...], dict[str, int], np.ndarray]] = {}
 
 
 class MindscapeError(ValueError):
@@ -73,8 +76,8 @@ def list_mindscapes(client: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class ChunkHit:
-    """A search hit; with ``with_data`` it also carries what InitSignature and rescoring need,
-    fetched in the same query instead of a second round trip to Chroma."""
+    """A search hit; on request it also carries what InitSignature and rescoring need (its session
+    π(c) and its stored vector), fetched with the search instead of in a second round trip to Chroma."""
 
     id: str
     score: float
@@ -107,6 +110,9 @@ class Mindscape:
                 f"use a new collection name or `mia rm {name}` first"
             )
         self.embedder = recorded or embedder
+        # The books' commit rows, read at most once per instance (``version``): an instance is a
+        # snapshot for one node call; writes through it forget the rows, other writers need a new instance.
+        self._books: dict[str, dict[str, Any]] | None = None
 
     # ---- books -----------------------------------------------------------------------------
     def book_records(self) -> dict[str, dict[str, Any]]:
@@ -147,14 +153,36 @@ class Mindscape:
         """Stored vectors in the order asked (``collection`` is ``chunks`` or ``summaries``)."""
         if not ids:
             return np.zeros((0, 0), dtype=np.float32)
+        if collection == "summaries":
+            rows, matrix = self._summary_rows()
+            if all(i in rows for i in ids):
+                return matrix[[rows[i] for i in ids]]
         got = getattr(self, collection).get(ids=list(ids), include=["embeddings"])
         by_id = dict(zip(got["ids"], got["embeddings"]))
         return np.asarray([by_id[i] for i in ids], dtype=np.float32)
 
     def version(self) -> tuple[Any, ...]:
         """Changes whenever a book is added, replaced or removed: its commit row carries the content
-        hash and the chunking options, and is deleted first and written last by every ingestion."""
-        return tuple(sorted((b, tuple(sorted(r.items()))) for b, r in self.book_records().items()))
+        hash and the chunking options, and is deleted first and written last by every ingestion.
+        Read once per instance (an instance lives for one node call)."""
+        if self._books is None:
+            self._books = self.book_records()
+        return tuple(sorted((b, tuple(sorted(r.items()))) for b, r in self._books.items()))
+
+    def _summary_rows(self) -> tuple[dict[str, int], np.ndarray]:
+        """All summary vectors, kept in memory while the books are unchanged.
+
+        InitSignature and the centroid run on every question over the same few hundred summaries;
+        fetching them from Chroma each time cost several times the greedy selection itself.
+        """
+        key, version = str(self.summaries.id), self.version()
+        cached = _SUMMARY_VECTORS.get(key)
+        if cached is None or cached[0] != version:
+            got = self.summaries.get(include=["embeddings"])
+            matrix = np.asarray(got["embeddings"], dtype=np.float32).reshape(len(got["ids"]), -1)
+            cached = (version, {i: n for n, i in enumerate(got["ids"])}, matrix)
+            _SUMMARY_VECTORS[key] = cached
+        return cached[1], cached[2]
 
     def chunks_of_summary(self, summary_id: str) -> list[str]:
         got = self.chunks.get(where={"summary_id": summary_id}, include=["metadatas"])
@@ -167,24 +195,39 @@ class Mindscape:
         return [i for i, _ in pairs]
 
     def search_chunks(self, vector: np.ndarray, k: int, where: dict[str, Any] | None = None,
-                      with_data: bool = False) -> list[ChunkHit]:
-        """Nearest chunks by cosine similarity (score = 1 − cosine distance)."""
+                      *, vectors: bool = False, owners: bool = False) -> list[ChunkHit]:
+        """Nearest chunks by cosine similarity (score = 1 − cosine distance), optionally with their
+        stored vectors and their sessions π(c). Metadata is never read here: for 100 hits it costs
+        Chroma several times the vector search itself, and π follows from the ids (``summary_of``)."""
         count = self.chunks.count()
         if count == 0 or k <= 0:
             return []
-        include = ["distances", "metadatas", "embeddings"] if with_data else ["distances"]
         got = self.chunks.query(
             query_embeddings=[np.asarray(vector, dtype=np.float32).tolist()],
             n_results=min(k, count),
             where=where,
-            include=include,
+            include=["distances", "embeddings"] if vectors else ["distances"],
         )
-        if not with_data:
-            return [ChunkHit(i, 1.0 - float(d)) for i, d in zip(got["ids"][0], got["distances"][0])]
+        ids = list(got["ids"][0])
+        sessions = self.summary_of(ids) if owners else [""] * len(ids)
+        stored = got["embeddings"][0] if vectors else [None] * len(ids)
         return [
-            ChunkHit(i, 1.0 - float(d), str(m.get("summary_id") or ""), np.asarray(e, dtype=np.float32))
-            for i, d, m, e in zip(got["ids"][0], got["distances"][0], got["metadatas"][0], got["embeddings"][0])
+            ChunkHit(i, 1.0 - float(d), s, None if e is None else np.asarray(e, dtype=np.float32))
+            for i, d, s, e in zip(ids, got["distances"][0], sessions, stored)
         ]
+
+    def summary_of(self, chunk_ids: Sequence[str]) -> list[str]:
+        """π(c) of each chunk, from its id and its book's commit row: ingestion names chunk i of a
+        book ``BOOK:c{i:06d}`` and its session ``BOOK:s{i // window:05d}`` (the chunk's
+        ``summary_id`` metadata holds the same value). "" for a book without summaries or not committed."""
+        self.version()  # reads the commit rows once per instance
+        out = []
+        for chunk_id in chunk_ids:
+            book, _, index = chunk_id.rpartition(":c")
+            record = self._books.get(book)
+            has_sessions = record is not None and int(record.get("summaries", 0)) > 0
+            out.append(f"{book}:s{int(index) // int(record['window']):05d}" if has_sessions else "")
+        return out
 
     def stats(self) -> dict[str, Any]:
         records = self.book_records()
@@ -204,6 +247,7 @@ class Mindscape:
     # ---- writes ----------------------------------------------------------------------------
     def delete_book_rows(self, book: str) -> None:
         """Remove a book's chunks and summaries (its record goes first, so it is never 'complete')."""
+        self._books = None
         self.books.delete(ids=[book])
         self.chunks.delete(where={"book": book})
         self.summaries.delete(where={"book": book})
@@ -221,6 +265,7 @@ class Mindscape:
             )
 
     def commit_book(self, book: str, text: str, metadata: dict[str, Any]) -> None:
+        self._books = None
         # The books collection holds no meaningful vector; a constant unit vector keeps Chroma happy.
         self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[metadata])
 

@@ -198,6 +198,14 @@ def test_stored_vectors_belong_to_their_texts(tiny_collection, minilm) -> None:
     assert np.all(np.sum(fresh * np.asarray(summaries["embeddings"]), axis=1) > 0.999)
 
 
+def test_sessions_follow_from_chunk_ids_as_the_metadata_says(tiny_collection) -> None:
+    """Retrieval reads π(c) from the ids (``summary_of``), never from the slower metadata: both must agree."""
+    store = tiny_collection.store
+    got = store.chunks.get(include=["metadatas"])
+    assert store.summary_of(got["ids"]) == [m["summary_id"] for m in got["metadatas"]]
+    assert store.summary_of(["no-such-book:c000001"]) == [""]
+
+
 def test_extractive_summaries_quote_their_own_window(tiny_collection) -> None:
     store = tiny_collection.store
     got = store.summaries.get(include=["documents", "metadatas"])
@@ -276,6 +284,27 @@ def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, min
     assert store.book_records()[book_id(changed)]["order"] == 0
 
 
+def test_summary_vectors_in_memory_follow_a_replaced_book(client, books, cache, minilm) -> None:
+    """The per-process copy used by InitSignature must never serve vectors of a replaced book."""
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+
+    def from_chroma(store: Mindscape) -> dict[str, np.ndarray]:
+        got = store.summaries.get(include=["embeddings"])
+        return {i: np.asarray(e, dtype=np.float32) for i, e in zip(got["ids"], got["embeddings"])}
+
+    store = Mindscape("shelf", client)
+    before = from_chroma(store)
+    ids = sorted(before)[::-1]
+    assert np.array_equal(store.vectors("summaries", ids), np.stack([before[i] for i in ids]))
+    books[0].write_text("A wholly different tale about a lighthouse keeper and his cat. " * 60, encoding="utf-8")
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    store = Mindscape("shelf", client)
+    after = from_chroma(store)
+    changed = [i for i in ids if i in after and not np.array_equal(after[i], before[i])]
+    assert changed, "the replaced book should have at least one summary id whose vector changed"
+    assert np.array_equal(store.vectors("summaries", changed), np.stack([after[i] for i in changed]))
+
+
 def test_chunk_bm25_index_follows_a_replaced_book(client, books, cache, minilm) -> None:
     """retriever=hybrid's lexical half must search the chunks the collection holds now."""
     ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
@@ -283,6 +312,7 @@ def test_chunk_bm25_index_follows_a_replaced_book(client, books, cache, minilm) 
     assert ChunkIndex.for_collection(store).search("lighthouse keeper", 5) == []
     books[0].write_text("A wholly different tale about a lighthouse keeper and his cat. " * 60, encoding="utf-8")
     ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+    store = Mindscape("shelf", client)  # an instance is a snapshot: open the collection again after writing
     hits = ChunkIndex.for_collection(store).search("lighthouse keeper", 5)
     assert hits and all(h.startswith(book_id(books[0]) + ":") for h in hits)
     assert set(hits) <= set(store.chunks.get()["ids"])

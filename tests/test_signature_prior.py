@@ -80,8 +80,8 @@ class FakeStore:
         scored = sorted(((float(v @ vector), i) for i, v in self.vecs.items()), reverse=True)[:k]
         return [_Hit(i, s) for s, i in scored]
 
-    def chunk_records(self, ids: list[str], documents: bool = True) -> list[dict[str, Any]]:
-        return [{"id": i, "summary_id": self.owners[i]} for i in ids]
+    def summary_of(self, ids: list[str]) -> list[str]:
+        return [self.owners[i] for i in ids]
 
     def vectors(self, collection: str, ids: list[str]) -> np.ndarray:
         return np.stack([self.vecs[i] for i in ids])
