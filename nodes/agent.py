@@ -40,24 +40,36 @@ def _as_list(value: Any) -> Any:
 Labels = Annotated[list[str], BeforeValidator(_as_list)]
 
 
+# Bounds written into the JSON schema only. The embedded model decodes under the schema's grammar,
+# which enforces them: left unbounded, a 0.5B model listed facts until the 512-token cap, and a reply
+# cut there is not JSON (every Update of a multi-hop run failed that way). Validation ignores them,
+# so an endpoint's longer reply still parses. Worst case within them: about 350 tokens.
+UPDATE_TOKENS = 512
+_TEXT = {"maxLength": 200}
+_QUERY = {"maxLength": 160}
+_FACTS = {"maxItems": 4}
+_CITES = {"maxItems": 3}
+_SIGNATURE = {"maxItems": 8}
+
+
 class Fact(BaseModel):
-    fact: str
-    chunks: Labels = Field(default_factory=list)
+    fact: str = Field(json_schema_extra=_TEXT)
+    chunks: Labels = Field(default_factory=list, json_schema_extra=_CITES)
 
 
 class UpdateOutput(BaseModel):
     """M_upd's reply; every field has a default so partial JSON still parses (and is repaired)."""
 
     decision: Literal["answer", "continue"] = "continue"
-    next_query: str = ""
-    signature: Labels = Field(default_factory=list)
-    new_evidence: list[Fact] = Field(default_factory=list)
+    next_query: str = Field("", json_schema_extra=_QUERY)
+    signature: Labels = Field(default_factory=list, json_schema_extra=_SIGNATURE)
+    new_evidence: list[Fact] = Field(default_factory=list, json_schema_extra=_FACTS)
 
 
 class NoSignatureUpdate(BaseModel):
     decision: Literal["answer", "continue"] = "continue"
-    next_query: str = ""
-    new_evidence: list[Fact] = Field(default_factory=list)
+    next_query: str = Field("", json_schema_extra=_QUERY)
+    new_evidence: list[Fact] = Field(default_factory=list, json_schema_extra=_FACTS)
 
 
 def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -115,7 +127,7 @@ def update(state: AgentState, runtime: Runtime[Context], *, with_signature: bool
         summary_labels, summaries = {}, {}
     messages = _update_messages(state, ctx, chunks, chunk_labels, sig_ids, summary_labels, summaries, with_signature)
     schema = UpdateOutput if with_signature else NoSignatureUpdate
-    parsed, raw = json_call(resources.chat_model(ctx, max_tokens=512), messages, schema)
+    parsed, raw = json_call(resources.chat_model(ctx, max_tokens=UPDATE_TOKENS), messages, schema)
     return _apply(state, ctx, parsed, raw, chunk_labels, summary_labels, with_signature)
 
 

@@ -45,7 +45,9 @@ class PreThinkDecision(BaseModel):
     """PreThink's control record (a_t, u_t, k_t); out-of-range top_k is clamped, not rejected."""
 
     decision: Literal["STOP", "SEARCH"] = Field(description="STOP if the memory suffices, else SEARCH")
-    query: str = Field("", description="keyword query for the missing evidence (SEARCH only)")
+    # maxLength reaches the embedded model's grammar only (see nodes.agent): a query cut by the
+    # token cap would make the whole reply unparseable.
+    query: str = Field("", description="keyword query for the missing evidence (SEARCH only)", json_schema_extra={"maxLength": 160})
     top_k: int = Field(FALLBACK_TOP_K, description="passages to fetch, from 3 to 20 (SEARCH only)")
 
     @field_validator("decision", mode="before")

@@ -12,6 +12,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from nodes import resources
+from nodes.agent import UPDATE_TOKENS, UpdateOutput
 from nodes.context import Context
 
 QUESTION = "What did the youngest son get from the little grey man?"
@@ -220,9 +221,27 @@ def test_auto_answer_inputs_rule(tiny_collection) -> None:
 
 @pytest.mark.slow
 def test_mia_agent_with_embedded_model(tiny_collection, embedded_model_file) -> None:
-    state = run("mia_agent", tiny_collection, max_steps=2, step_k=5, max_new_tokens=32)
+    state, _ = full_state("mia_agent", tiny_collection, max_steps=2, step_k=5, max_new_tokens=32)
     assert state["answer"]
     assert state["citations"] and all(c["book"] in tiny_collection.texts for c in state["citations"])
     usage = state["usage"]
     assert usage["llm_calls"] >= 2 and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
     assert usage["by_node"]["update"]["llm_calls"] >= 1
+    # The schema's bounds reach the grammar: no Update reply runs into the token cap and gets cut.
+    steps = [e for e in state["trajectory"] if e]
+    assert steps and not any(e.get("failure") for e in steps), steps
+    update = usage["by_node"]["update"]
+    assert update["output_tokens"] < UPDATE_TOKENS * update["llm_calls"]
+
+
+def test_update_bounds_reach_the_grammar_but_not_validation() -> None:
+    """Bounded for the embedded model's grammar; an endpoint's longer reply still parses."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    schema = UpdateOutput.model_json_schema()
+    assert schema["properties"]["new_evidence"]["maxItems"] == 4
+    assert schema["$defs"]["Fact"]["properties"]["fact"]["maxLength"] == 200
+    grammar = json_schema_to_gbnf(json.dumps(schema))
+    assert "new-evidence" in grammar
+    long = UpdateOutput.model_validate({"new_evidence": [{"fact": "x" * 500, "chunks": ["C1"] * 5}] * 6})
+    assert len(long.new_evidence) == 6 and len(long.new_evidence[0].fact) == 500
