@@ -61,6 +61,19 @@ SUMMARY_FILE = "summary.json"
 DEFAULT_LENGTH = 32000
 
 
+# Context defaults at the time results were first cached, for every field whose default has changed
+# since: a result computed under the old default keeps its fingerprint, and one under the new default
+# gets a new one. Add a line here whenever a Context default changes.
+FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5}
+# Settings only the signature graphs read: another graph's results do not depend on them, so they
+# stay out of its fingerprint (``rag`` under α = 0.2 or 0.5 is one configuration).
+SIGNATURE_GRAPHS = ("mia_rag", "mia_agent")
+SIGNATURE_SETTINGS = frozenset({
+    "k0", "k_sum", "signature_init", "lambda_q", "lambda_c", "lambda_d", "alpha", "sig_strategy",
+    "prior_weights", "prior_temperature", "prior_gate",
+})
+
+
 @dataclass(frozen=True)
 class Variant:
     """One column of the comparison: a graph with its own settings and ingestion options."""
@@ -73,14 +86,17 @@ class Variant:
 
     @property
     def fingerprint(self) -> str:
-        """The resolved settings that differ from the Context defaults: ``alpha=0.50`` typed or
-        left at its default of 0.5 is one configuration, an environment variable that changes a
+        """The resolved settings that differ from the reference values: ``alpha=0.50`` typed or
+        left at a default of 0.5 is one configuration, an environment variable that changes a
         setting changes it too, and a new Context field added with a neutral default does not
-        invalidate every cached result. (Code changes are not tracked: after changing what a
-        setting does, write to a new ``--out``.)"""
+        invalidate every cached result. The reference is each field's default, except where
+        ``FINGERPRINT_REFERENCE`` freezes an older default, so changing a default never lets a
+        cached result stand for the new one. (Code changes are not tracked: after changing what
+        a setting does, write to a new ``--out``.) Graphs without a signature ignore its settings."""
+        ignored = {"collection"} | (set() if self.graph in SIGNATURE_GRAPHS else SIGNATURE_SETTINGS)
         changed = {
             f.name: getattr(self.context, f.name) for f in fields(Context)
-            if f.name != "collection" and getattr(self.context, f.name) != f.default
+            if f.name not in ignored and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
         }
         payload = {"graph": self.graph, "context": changed, "ingest": asdict(self.ingest)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

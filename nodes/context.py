@@ -39,7 +39,7 @@ class Context:
     retrieval_only: bool = _setting(False, "Stop after retrieval, with no LLM call (evaluation, debugging).")
     top_k: int = _setting(10, "Chunks given to the generator (static graphs).")
     retriever: Retriever = _setting(
-        "dense", "dense: rank by the embedder only (the paper). hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion."
+        "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion (measured best, issue 8). dense: the embedder alone, as in the paper."
     )
     k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.")
     k_sum: int = _setting(5, "Summaries in the signature (K_sum).")
@@ -49,7 +49,9 @@ class Context:
     lambda_q: float = _setting(0.3, "Weight of query relevance in the selection objective (λ_Q).")
     lambda_c: float = _setting(0.4, "Weight of chunk coverage in the selection objective (λ_C).")
     lambda_d: float = _setting(0.3, "Weight of diversity in the selection objective (λ_D).")
-    alpha: float = _setting(0.5, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4).")
+    alpha: float = _setting(
+        0.2, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5."
+    )
     sig_strategy: SigStrategy = _setting(
         "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), mia (decoder embedder's δ-interpolated query), or prior (soft membership prior: chunks inherit their session summary's weight)."
     )

@@ -100,7 +100,7 @@ def test_graphs_retrieve_what_the_exact_scores_say(graph: str, tiny_collection, 
     """Through the CLI and the compiled graph (retrieval only, no LLM): the final ranking is Eq. 4."""
     question = QUESTIONS[0]
     result = cli("ask", question, "--collection", tiny_collection.name, "--graph", graph, "--json",
-                 "--set", "retrieval_only=true", "--set", "top_k=8")
+                 "--set", "retrieval_only=true", "--set", "top_k=8", "--set", "retriever=dense")
     assert result.code == 0, result.err
     state = json.loads(result.out)
     assert state["answer"] in ("", None) and state["usage"].get("llm_calls", 0) == 0

@@ -200,10 +200,10 @@ def test_variants_and_sweeps() -> None:
     assert variants[1].context.alpha == 0.2 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
     assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the context
     assert len({v.fingerprint for v in variants}) == 5
-    rag, explicit = runner.expand_variants(["rag", "mia_rag"], {"mia_rag:alpha": "0.50"}, {},
+    rag, explicit = runner.expand_variants(["rag", "mia_rag"], {"mia_rag:alpha": "0.20"}, {},
                                                retrieval_only=False, summarizer="extractive")
     plain = runner.expand_variants(["mia_rag"], {}, {}, retrieval_only=False, summarizer="extractive")[0]
-    assert explicit.fingerprint == plain.fingerprint != rag.fingerprint  # alpha 0.5 is the default
+    assert explicit.fingerprint == plain.fingerprint != rag.fingerprint  # alpha 0.2 is the default
 
 
 @pytest.mark.parametrize(
@@ -248,3 +248,15 @@ def test_paired_table_uses_a_swept_rag_as_baseline() -> None:
     paired = lines[next(i for i, line in enumerate(lines) if line.startswith("## Paired")):]
     row = next(line for line in paired if line.startswith("| rag[retriever=hybrid] |"))
     assert row.split("|")[2].strip() == "1.0 [1.0, 1.0]"  # hybrid − dense recall@10, the same on every question
+
+
+def test_fingerprints_of_committed_results_do_not_move() -> None:
+    """The configs recorded in evals/results/ must keep matching, whatever the Context defaults become."""
+    rag, mia = runner.expand_variants(
+        ["rag", "mia_rag"],
+        {"rag:retriever": "dense", "mia_rag:retriever": "dense", "mia_rag:signature_init": "coverage",
+         "mia_rag:sig_strategy": "centroid", "mia_rag:alpha": "0.2", "mia_rag:window": "5"},
+        {}, retrieval_only=True, summarizer="extractive",
+    )
+    assert rag.fingerprint == "c4140f76ad27bf81"  # evals/results/fairytale-series-test-retrieval: rag
+    assert mia.fingerprint == "454ca5d4a22c52be"  # ... mia_rag[coverage, centroid, alpha=0.2, window=5]
