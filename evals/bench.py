@@ -206,7 +206,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     from nodes import resources
     from nodes.context import context_from
     from nodes.qa import select_signature
-    from nodes.retrieval import dual_signal, query_only, signature_vector
+    from nodes.retrieval import dual_signal, lexical, query_only, signature_vector
     from nodes.signature import coverage_aware, summary_pool
     from stores.mindscape import Mindscape
 
@@ -217,6 +217,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     embedder = resources.embedder(ctx, store)
     questions = questions_from(store, n_questions)
     graphs = {name: load_graph(name) for name in ("rag", "mia_rag")}
+    hybrid = ctx.retriever == "hybrid"  # the stages follow the same settings as the graphs
 
     # Query vectors are memoised per text (stores.embeddings); each measurement starts without
     # them, as a new question would, so every run pays for its own query embedding. Each question
@@ -228,12 +229,13 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t0 = time.perf_counter()
         query_vec = embedder.embed_query(question)
         t1 = time.perf_counter()
-        step0 = query_only(store, query_vec, ctx.k0)
+        step0 = query_only(store, query_vec, ctx.k0, text=question, hybrid=hybrid, depth=ctx.candidates)
         t2 = time.perf_counter()
         picks = select_signature(store, query_vec, step0, ctx, default="coverage")
         t3 = time.perf_counter()
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, [p["id"] for p in picks])
-        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates)
+        bm25 = lexical(store, question, max(ctx.top_k, ctx.candidates)) if hybrid else []
+        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, bm25)
         t4 = time.perf_counter()
         # The greedy alone (Alg. 2 on arrays already in memory), apart from fetching them from Chroma.
         records = store.chunk_records([h.id for h in step0], documents=False)
@@ -251,7 +253,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t0 = time.perf_counter()
         query_vec = embedder.embed_query(question)
         t1 = time.perf_counter()
-        query_only(store, query_vec, ctx.top_k, for_signature=False)
+        query_only(store, query_vec, ctx.top_k, text=question, hybrid=hybrid, depth=ctx.candidates, for_signature=False)
         t2 = time.perf_counter()
         return {"query_embedding": t1 - t0, "e1": t2 - t1, "total": t2 - t0}
 
@@ -279,7 +281,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         "embedder": embedder.name, "machine": _machine(), "questions": len(questions),
         "question_source": "one sentence from each of that many chunks spread evenly over the collection",
         "settings": {"k0": ctx.k0, "k_sum": ctx.k_sum, "top_k": ctx.top_k, "candidates": ctx.candidates,
-                     "alpha": ctx.alpha, "sig_strategy": ctx.sig_strategy},
+                     "alpha": ctx.alpha, "sig_strategy": ctx.sig_strategy, "retriever": ctx.retriever},
         "stages": summary,
         "ratios": _ratios(times),
         "goal": RETRIEVAL_GOAL, "selection_goal_ms": SELECTION_GOAL_MS,
@@ -310,7 +312,7 @@ def print_retrieval(result: dict[str, Any]) -> None:
     print(f"mia bench retrieval: collection {result['collection']} ({result['chunks']} chunks, {result['summaries']} summaries), "
           f"embedder {result['embedder']} ({result['machine']})")
     print(f"  {result['questions']} questions ({result['question_source']}); K0={s['k0']}, K_sum={s['k_sum']}, "
-          f"top_k={s['top_k']}, candidates={s['candidates']}, alpha={s['alpha']}, sig_strategy={s['sig_strategy']}")
+          f"top_k={s['top_k']}, candidates={s['candidates']}, alpha={s['alpha']}, sig_strategy={s['sig_strategy']}, retriever={s['retriever']}")
     print(f"    {'system':<14}{'stage':<24}{'mean ms':>10}{'median ms':>11}")
     for system in ("rag", "mia_rag", "graph:rag", "graph:mia_rag"):
         for stage, st in result["stages"][system].items():
