@@ -115,7 +115,7 @@ def run_question(graph_name: str, question: str, settings: dict[str, Any], optio
     return final, steps
 
 
-def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]) -> str:
+def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]], retriever: str) -> str:
     from stores.mindscape import Mindscape
 
     store = Mindscape(store_name)
@@ -126,7 +126,8 @@ def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]
         for s in state["signature"]:
             lines.append(f"  {s['id']}: {s['gain']:.3f} = {s['relevance']:.3f} + {s['coverage']:.3f} + {s['diversity']:.3f}")
             lines.append(f"      {texts.get(s['id'], '')[:160]}")
-    for label, key in (("Step-0 ranking (query only)", "step0"), ("Final ranking", "retrieved")):
+    fused = " (score: reciprocal rank fusion with BM25)" if retriever == "hybrid" else ""
+    for label, key in ((f"Step-0 ranking (query only){fused}", "step0"), (f"Final ranking{fused}", "retrieved")):
         rows = state.get(key) or []
         if rows:
             lines.append(f"{label}:")
@@ -164,7 +165,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
         }, ensure_ascii=False))
         return 0
     if args.explain:
-        print(_explain(args.collection, state, steps))
+        from nodes.context import context_from
+
+        print(_explain(args.collection, state, steps, context_from(settings).retriever))
         print()
     messages = state.get("messages") or []
     print(messages[-1].text if messages else state.get("answer", ""))

@@ -122,3 +122,15 @@ def test_graphs_use_the_hybrid_ranking(graph: str, tiny_collection, minilm, cli)
 def test_unknown_retriever_is_refused(cli) -> None:
     result = cli("ask", QUESTION, "--collection", "anything", "--set", "retriever=sparse")
     assert result.code == 2 and "retriever must be one of dense, hybrid" in result.err
+
+
+@requires_data
+def test_explain_says_how_the_rankings_were_scored(tiny_collection, cli) -> None:
+    base = ("ask", QUESTION, "--collection", tiny_collection.name, "--graph", "mia_rag", "--explain",
+            "--set", "retrieval_only=true")
+    hybrid = cli(*base)
+    assert hybrid.code == 0, hybrid.err
+    assert "Signature (selection order" in hybrid.out
+    assert "Step-0 ranking (query only) (score: reciprocal rank fusion with BM25):" in hybrid.out
+    dense = cli(*base, "--set", "retriever=dense")
+    assert dense.code == 0 and "Final ranking:" in dense.out and "fusion" not in dense.out
