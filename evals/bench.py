@@ -206,7 +206,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     from nodes import resources
     from nodes.context import context_from
     from nodes.qa import select_signature
-    from nodes.retrieval import dual_signal, lexical, query_only, signature_vector
+    from nodes.retrieval import dual_signal, query_only, signature_vector
     from nodes.signature import coverage_aware, summary_pool
     from stores.mindscape import Mindscape
 
@@ -234,8 +234,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         picks = select_signature(store, query_vec, step0, ctx, default="coverage")
         t3 = time.perf_counter()
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, [p["id"] for p in picks])
-        bm25 = lexical(store, question, max(ctx.top_k, ctx.candidates)) if hybrid else []
-        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, bm25)
+        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, text=question, hybrid=hybrid)
         t4 = time.perf_counter()
         # The greedy alone (Alg. 2 on arrays already in memory), apart from fetching them from Chroma.
         records = store.chunk_records([h.id for h in step0], documents=False)

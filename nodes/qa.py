@@ -15,7 +15,7 @@ from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of
 from nodes.context import Context
-from nodes.retrieval import as_scored, dual_signal, lexical, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
 from stores.mindscape import ChunkHit
@@ -125,13 +125,13 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[s
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]
-    bm25 = lexical(store, state["question"], max(ctx.top_k, ctx.candidates)) if ctx.retriever == "hybrid" else []
+    fusion = {"text": state["question"], "hybrid": ctx.retriever == "hybrid"}
     if ctx.sig_strategy == "prior":
         weights = signature_weights(store, query_vec, summary_ids, ctx.prior_weights, ctx.prior_temperature, state.get("step0") or [])
-        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates, bm25)
+        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates, **fusion)
     else:
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["question"], summary_ids)
-        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, bm25)
+        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, **fusion)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

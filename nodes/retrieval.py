@@ -130,10 +130,11 @@ def signature_vector(
 
 def dual_signal(
     store: Mindscape, query_vec: np.ndarray, sig_vec: np.ndarray, alpha: float, k: int, candidates: int,
-    bm25: Sequence[str] = (),
+    *, text: str = "", hybrid: bool = False,
 ) -> list[Scored]:
-    """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring),
-    fused with the BM25 ranking ``bm25`` when one is given (its hits are scored exactly too)."""
+    """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring);
+    ``hybrid`` fuses it with BM25's ranking of ``text`` (whose hits are scored exactly too)."""
+    bm25 = lexical(store, text, max(k, candidates)) if hybrid else []
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
     hits = store.search_chunks(mixed, max(k, candidates), vectors=True)
     ids = [h.id for h in hits]
@@ -206,7 +207,9 @@ def membership_prior(
     gate: float,
     k: int,
     candidates: int,
-    bm25: Sequence[str] = (),
+    *,
+    text: str = "",
+    hybrid: bool = False,
 ) -> list[Scored]:
     """Top-k chunks under ``prior_scores``, scored exactly over E1 top-``candidates`` ∪ every chunk
     of the signature's sessions.
@@ -214,9 +217,10 @@ def membership_prior(
     s_sig is a step function of the chunk's session, not a linear function of its vector, so one
     interpolated vector search cannot find the top of the ranking; but a chunk outside both sets
     has s_sig = 0 and a query score below the E1 cut, so it cannot outrank the candidates' top k
-    (when k ≤ candidates). With a BM25 ranking ``bm25``, its hits join the set and the exact order
-    is fused with it.
+    (when k ≤ candidates). ``hybrid``: BM25's hits for ``text`` join the set and the exact order is
+    fused with BM25's ranking.
     """
+    bm25 = lexical(store, text, max(k, candidates)) if hybrid else []
     hits = store.search_chunks(query_vec, max(k, candidates))
     ids = list(dict.fromkeys([h.id for h in hits] + list(bm25)))
     owners: list[str | None] = [o or None for o in store.summary_of(ids)]

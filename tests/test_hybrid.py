@@ -84,8 +84,8 @@ def test_hybrid_eq4_fuses_exact_scores_over_dense_and_lexical_candidates(tiny_co
     store = tiny_collection.store
     query_vec = minilm.embed_query(QUESTION)
     sig_vec = store.vectors("summaries", [store.summaries.get()["ids"][0]])[0]
-    bm25 = lexical(store, QUESTION, 6)
-    hits = dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=6, bm25=bm25)
+    bm25 = lexical(store, QUESTION, 10)  # BM25 to the same depth as the dense side, max(k, candidates)
+    hits = dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=6, text=QUESTION, hybrid=True)
     mixed = 0.5 * query_vec + 0.5 * sig_vec
     pool = list(dict.fromkeys([h.id for h in store.search_chunks(mixed, 10)] + bm25))  # max(k, candidates) dense
     expected = reciprocal_rank_fusion(_exact_dense(store, pool, mixed), bm25)[:10]
@@ -106,7 +106,6 @@ def test_graphs_use_the_hybrid_ranking(graph: str, tiny_collection, minilm, cli)
     store = tiny_collection.store
     query_vec = minilm.embed_query(QUESTION)
     depth = Context().candidates
-    bm25 = lexical(store, QUESTION, depth)
     if graph == "rag":
         expected = [h.id for h in query_only(store, query_vec, 5, text=QUESTION, hybrid=True, depth=depth)]
     else:
@@ -115,7 +114,7 @@ def test_graphs_use_the_hybrid_ranking(graph: str, tiny_collection, minilm, cli)
         from nodes.retrieval import signature_vector
 
         sig_vec, _ = signature_vector("centroid", store, minilm, QUESTION, [s["id"] for s in state["signature"]])
-        expected = [h.id for h in dual_signal(store, query_vec, sig_vec, Context().alpha, 5, depth, bm25)]
+        expected = [h.id for h in dual_signal(store, query_vec, sig_vec, Context().alpha, 5, depth, text=QUESTION, hybrid=True)]
     assert [r["id"] for r in state["retrieved"]] == expected
 
 
