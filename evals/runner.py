@@ -65,13 +65,26 @@ DEFAULT_LENGTH = 32000
 # since: a result computed under the old default keeps its fingerprint, and one under the new default
 # gets a new one. Add a line here whenever a Context default changes.
 FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5}
-# Settings only the signature graphs read: another graph's results do not depend on them, so they
-# stay out of its fingerprint (``rag`` under α = 0.2 or 0.5 is one configuration).
-SIGNATURE_GRAPHS = ("mia_rag", "mia_agent")
+# Settings a graph never reads stay out of its fingerprint, so its results do not depend on them:
+# ``rag`` under α = 0.2 or 0.5 is one configuration, and so is ``infmem`` under either retriever.
 SIGNATURE_SETTINGS = frozenset({
     "k0", "k_sum", "signature_init", "lambda_q", "lambda_c", "lambda_d", "alpha", "sig_strategy",
     "prior_weights", "prior_temperature", "prior_gate",
 })
+MINDSCAPE_SETTINGS = SIGNATURE_SETTINGS | {
+    "retriever", "top_k", "candidates", "answer_inputs", "max_steps", "step_k", "rewrite_query",
+}
+"""What the retrieval graphs read and the streaming graphs (which read the source through their own
+BM25 windows) do not."""
+STREAMING_SETTINGS = frozenset({"stream_chunk_tokens", "memory_tokens", "bm25_window", "bm25_overlap", "stop_after"})
+UNREAD_SETTINGS: dict[str, frozenset[str]] = {
+    "rag": SIGNATURE_SETTINGS | STREAMING_SETTINGS,
+    "agent": SIGNATURE_SETTINGS | STREAMING_SETTINGS,
+    "mia_rag": STREAMING_SETTINGS,
+    "mia_agent": STREAMING_SETTINGS,
+    "infmem": MINDSCAPE_SETTINGS,
+    "memagent": MINDSCAPE_SETTINGS,
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +105,8 @@ class Variant:
         invalidate every cached result. The reference is each field's default, except where
         ``FINGERPRINT_REFERENCE`` freezes an older default, so changing a default never lets a
         cached result stand for the new one. (Code changes are not tracked: after changing what
-        a setting does, write to a new ``--out``.) Graphs without a signature ignore its settings."""
-        ignored = {"collection"} | (set() if self.graph in SIGNATURE_GRAPHS else SIGNATURE_SETTINGS)
+        a setting does, write to a new ``--out``.) Settings the graph never reads are left out."""
+        ignored = {"collection"} | UNREAD_SETTINGS[self.graph]
         changed = {
             f.name: getattr(self.context, f.name) for f in fields(Context)
             if f.name not in ignored and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)

@@ -260,3 +260,22 @@ def test_fingerprints_of_committed_results_do_not_move() -> None:
     )
     assert rag.fingerprint == "c4140f76ad27bf81"  # evals/results/fairytale-series-test-retrieval: rag
     assert mia.fingerprint == "454ca5d4a22c52be"  # ... mia_rag[coverage, centroid, alpha=0.2, window=5]
+    infmem, memagent = runner.expand_variants(["infmem", "memagent"], {}, {}, retrieval_only=False, summarizer="extractive")
+    assert infmem.fingerprint == "701a0242c3fdcc75"  # evals/results/multihop-synth-16k: infmem
+    assert memagent.fingerprint == "faf670f8b20fb40a"  # ... memagent
+
+
+def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
+    """A streaming agent's result stands for every retriever and α; a change it reads makes a new one."""
+    def prints(settings: dict[str, str]) -> dict[str, str]:
+        variants = runner.expand_variants(["rag", "mia_rag", "infmem"], settings, {}, retrieval_only=False,
+                                          summarizer="extractive")
+        return {v.name: v.fingerprint for v in variants}
+
+    base = prints({})
+    retrieval = prints({"retriever": "dense", "top_k": "5", "alpha": "0.5"})
+    assert retrieval["infmem"] == base["infmem"]
+    assert retrieval["rag"] != base["rag"] and retrieval["mia_rag"] != base["mia_rag"]
+    streaming = prints({"memory_tokens": "512"})
+    assert streaming["infmem"] != base["infmem"]
+    assert streaming["rag"] == base["rag"] and streaming["mia_rag"] == base["mia_rag"]
