@@ -45,6 +45,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         length=args.length, retrieval_only=args.retrieval_only, limit=args.limit, seed=args.seed, out=out,
         settings=settings, sweeps=sweeps, concurrency=args.concurrency, progress=not args.json and not args.quiet,
         summarizer=args.summarizer, texts=args.texts, questions_file=args.questions, command=command_line(args, out),
+        reuse=args.reuse or [],
     )
     if args.json:
         print(json.dumps(results.summary))
@@ -76,6 +77,8 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
         argv += ["--summarizer", args.summarizer]
     if args.texts:
         argv += ["--texts", str(args.texts), "--questions", str(args.questions)]
+    for folder in args.reuse or []:
+        argv += ["--reuse", str(folder)]
     argv += ["--concurrency", str(args.concurrency), "--out", str(out)]
     return shlex.join(argv)
 
@@ -119,6 +122,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="session summaries for ingestion (default extractive: no LLM)")
     p.add_argument("--texts", type=Path, help="custom: folder of .txt/.md files, one per book")
     p.add_argument("--questions", type=Path, help="custom: JSONL of questions")
+    p.add_argument("--reuse", action="append", type=Path, metavar="DIR",
+                   help="take results an earlier run (its --out folder) finished for identical jobs: same settings, "
+                        "collection content and question; they are copied here; repeat for several folders")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_eval)
     return p

@@ -230,6 +230,8 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         f"- Embedder: {run['embedder']}; chat model: {run['chat_model']}; session summaries: {run['summarizer']}",
         f"- Seed: {seed} (data building and bootstrap); scores in %, costs per question; finished {run['finished']}",
         f"- Settings of every variant: {_settings_text(shared) or 'defaults'}",
+        *(f"- {count} results taken from `{folder}` (identical settings, collection and question)"
+          for folder, count in run.get("reused", {}).items() if count),
         "- Variants:",
     ]
     for variant in run["variants"]:

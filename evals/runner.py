@@ -498,6 +498,31 @@ def load_cached(path: Path) -> dict[JobKey, dict[str, Any]]:
     return cached
 
 
+def adopt_results(sources: Sequence[Path], keys: Sequence[JobKey], cached: dict[JobKey, dict[str, Any]],
+                  results_path: Path) -> dict[str, int]:
+    """Copy into this run the results that earlier runs finished for exactly these jobs, and count
+    them per source folder (for the report).
+
+    The key (settings fingerprint, collection content version, data set part, question) is the one
+    that lets a run resume, so an adopted result is one this run would have computed; copying it
+    keeps the output folder self-contained, and a rerun without ``--reuse`` skips it as finished.
+    """
+    counts: dict[str, int] = {}
+    wanted = [key for key in dict.fromkeys(keys) if key not in cached]
+    if not sources:
+        return counts
+    _end_torn_line(results_path)
+    with results_path.open("a", encoding="utf-8") as sink:
+        for source in sources:
+            theirs = load_cached(source / RESULTS_FILE)
+            found = [key for key in wanted if key in theirs and key not in cached]
+            for key in found:
+                sink.write(json.dumps(theirs[key], ensure_ascii=False) + "\n")
+                cached[key] = theirs[key]
+            counts[str(source)] = len(found)
+    return counts
+
+
 def _end_torn_line(path: Path) -> None:
     """Terminate a line left unfinished by a killed run, so the next result starts a line of its own."""
     if not path.exists() or path.stat().st_size == 0:
@@ -559,6 +584,7 @@ def run_eval(
     texts: Path | None = None,
     questions_file: Path | None = None,
     command: str | None = None,
+    reuse: Sequence[Path] = (),
 ) -> EvalResults:
     """Run every question for every variant (resuming from ``out/results.jsonl``), then write
     ``run.json``, ``summary.json`` and the report into ``out``.
@@ -567,6 +593,7 @@ def run_eval(
     and window; a key written ``SYSTEM:KEY`` applies to that system only. ``length`` is the
     multihop-synth target length in tokens; several lengths make one data set each. ``command`` is
     what the report names as the command that made it (default: this process's command line).
+    ``reuse`` names earlier runs' output folders whose results stand in for identical jobs here.
     """
     from evals import report
 
@@ -575,6 +602,10 @@ def run_eval(
     variants = expand_variants(systems, settings or {}, sweeps or {}, retrieval_only=retrieval_only, summarizer=summarizer)
     # Validation first: a mistyped command must not leave an empty output folder behind.
     parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file)
+    reuse = [Path(folder) for folder in reuse]
+    for folder in reuse:
+        if not (folder / RESULTS_FILE).is_file():
+            raise ValueError(f"--reuse {folder}: no {RESULTS_FILE} there; pass the --out folder of an earlier `mia eval`")
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[Job] = []
     for part in parts:
@@ -589,6 +620,7 @@ def run_eval(
     results_path = out / RESULTS_FILE
     cached = load_cached(results_path)
     keys = [_job_key(j.variant.fingerprint, opened[j.collection].version, j.part.tag, j.question["id"]) for j in jobs]
+    reused = adopt_results(reuse, keys, cached, results_path)
     todo = list({key: job for job, key in zip(jobs, keys) if key not in cached}.values())
     fresh = {
         _job_key(r["config"], r["index"], r["part"], r["id"]): r
@@ -611,6 +643,7 @@ def run_eval(
         "command": command or shlex.join([sys.executable, *sys.argv]),
         "settings": settings or {},
         "sweeps": sweeps or {},
+        "reused": reused,
         "variants": [
             {"name": v.name, "graph": v.graph, "settings": v.settings, "ingest": asdict(v.ingest), "config": v.fingerprint}
             for v in variants

@@ -187,6 +187,32 @@ def test_resume_skips_finished_questions(tiny: Dataset, tmp_path: Path, monkeypa
     assert len(fake.calls) == 10  # a changed setting is another configuration: all five rerun
 
 
+@needs_data
+@pytest.mark.slow
+def test_reuse_adopts_identical_jobs_from_another_run(tiny: Dataset, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = CountingGraph({q["question"]: q["answers"][0] for q in tiny.questions})
+    monkeypatch.setattr(registry, "load_graph", lambda name: fake)
+
+    def run(out: str, limit: int, reuse: list[Path], **settings: str) -> runner.EvalResults:
+        return runner.run_eval(str(tiny.dir), None, ["rag"], limit=limit, out=tmp_path / out, settings=settings,
+                               progress=False, reuse=reuse)
+
+    run("first", 3, [])
+    assert len(fake.calls) == 3
+    results = run("second", 5, [tmp_path / "first"])
+    assert len(fake.calls) == 5  # three adopted, two run
+    assert results.run["reused"] == {str(tmp_path / "first"): 3}
+    assert "3 results taken from" in (tmp_path / "second" / "report.md").read_text()
+    run("second", 5, [])
+    assert len(fake.calls) == 5  # adopted results were copied: the folder stands alone
+    run("third", 2, [tmp_path / "first"], top_k="7")
+    assert len(fake.calls) == 7  # other settings: nothing to adopt
+    with pytest.raises(ValueError, match="no results.jsonl there"):
+        run("fourth", 1, [tmp_path / "missing"])
+    assert not (tmp_path / "fourth").exists()
+
+
 def test_variants_and_sweeps() -> None:
     variants = runner.expand_variants(
         ["rag", "mia_rag"], {"alpha": "0.3", "mia_rag:k_sum": "3"},
