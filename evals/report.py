@@ -126,6 +126,31 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
                 sub_values = metric_values(subset)
                 cells = [f"{np.mean(sub_values[m]):.{DECIMALS.get(m, 1)}f}" if m in sub_values else "–" for m in columns]
                 lines.append(f"| {name} | {part['length']} | " + " | ".join(cells) + " |")
+        lines += _growth(run, grouped, systems)
+    return lines
+
+
+GROWTH_METRICS = ("source_tokens", "llm_calls", "prompt_tokens", "generated_tokens")
+
+
+def _growth(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str]) -> list[str]:
+    """How each system's cost grows with the source: the mean at each length over the mean at the
+    shortest, on the questions finished at both (the InfMem paper's claim is about this slope, and
+    a partly finished run must not compare different questions)."""
+    shortest = run["parts"][0]["tag"]
+    lines = ["", f"## Cost growth with source length (mean ÷ mean at {run['parts'][0]['length']} tokens, same questions)",
+             "", "| system | length | questions | " + " | ".join(GROWTH_METRICS) + " |",
+             "|---|---|---|" + "---|" * len(GROWTH_METRICS)]
+    for name in systems:
+        base = {r["id"]: r for r in grouped[name] if r["part"] == shortest}
+        for part in run["parts"][1:]:
+            pairs = [(base[r["id"]], r) for r in grouped[name] if r["part"] == part["tag"] and r["id"] in base]
+            cells = []
+            for metric in GROWTH_METRICS:
+                before = sum(float(b[metric]) for b, _ in pairs)
+                after = sum(float(a[metric]) for _, a in pairs)
+                cells.append(f"×{after / before:.2f}" if before > 0 else "–")
+            lines.append(f"| {name} | {part['length']} | {len(pairs)} | " + " | ".join(cells) + " |")
     return lines
 
 

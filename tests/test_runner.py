@@ -305,3 +305,18 @@ def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
     streaming = prints({"memory_tokens": "512"})
     assert streaming["infmem"] != base["infmem"]
     assert streaming["rag"] == base["rag"] and streaming["mia_rag"] == base["mia_rag"]
+
+
+def test_cost_growth_compares_the_same_questions() -> None:
+    """Ratios to the shortest length use only questions finished at both lengths (hand-computed)."""
+    from evals import report
+
+    def rec(part: str, qid: str, source: int, calls: int, prompt: int) -> dict[str, Any]:
+        return {"system": "memagent", "part": part, "id": qid, "scores": {}, "source_tokens": source,
+                "llm_calls": calls, "prompt_tokens": prompt, "generated_tokens": 10, "seconds": 1.0}
+
+    run = {"parts": [{"tag": "a", "length": 16000}, {"tag": "b", "length": 32000}]}
+    records = [rec("a", "q1", 16000, 4, 1000), rec("a", "q2", 16000, 4, 3000),
+               rec("b", "q1", 32000, 7, 2500), rec("b", "q3", 32000, 99, 99999)]  # q3 has no 16k row
+    lines = report._growth(run, report._by_system(records), ["memagent"])
+    assert lines[-1] == "| memagent | 32000 | 1 | ×2.00 | ×1.75 | ×2.50 | ×1.00 |"
