@@ -30,7 +30,7 @@ import shlex
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
@@ -499,28 +499,27 @@ def load_cached(path: Path) -> dict[JobKey, dict[str, Any]]:
 
 
 def adopt_results(sources: Sequence[Path], keys: Sequence[JobKey], cached: dict[JobKey, dict[str, Any]],
-                  results_path: Path) -> dict[str, int]:
-    """Copy into this run the results that earlier runs finished for exactly these jobs, and count
-    them per source folder (for the report).
+                  results_path: Path) -> None:
+    """Copy into this run the results that earlier runs finished for exactly these jobs.
 
     The key (settings fingerprint, collection content version, data set part, question) is the one
     that lets a run resume, so an adopted result is one this run would have computed; copying it
     keeps the output folder self-contained, and a rerun without ``--reuse`` skips it as finished.
+    Each copy records the folder it came from (``reused_from``), so the report says so on every
+    regeneration, not only on the run that copied it.
     """
-    counts: dict[str, int] = {}
     wanted = [key for key in dict.fromkeys(keys) if key not in cached]
-    if not sources:
-        return counts
+    if not sources or not wanted:
+        return
     _end_torn_line(results_path)
     with results_path.open("a", encoding="utf-8") as sink:
         for source in sources:
             theirs = load_cached(source / RESULTS_FILE)
-            found = [key for key in wanted if key in theirs and key not in cached]
-            for key in found:
-                sink.write(json.dumps(theirs[key], ensure_ascii=False) + "\n")
-                cached[key] = theirs[key]
-            counts[str(source)] = len(found)
-    return counts
+            for key in wanted:
+                if key in theirs and key not in cached:
+                    record = {"reused_from": str(source), **theirs[key]}
+                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    cached[key] = record
 
 
 def _end_torn_line(path: Path) -> None:
@@ -620,7 +619,7 @@ def run_eval(
     results_path = out / RESULTS_FILE
     cached = load_cached(results_path)
     keys = [_job_key(j.variant.fingerprint, opened[j.collection].version, j.part.tag, j.question["id"]) for j in jobs]
-    reused = adopt_results(reuse, keys, cached, results_path)
+    adopt_results(reuse, keys, cached, results_path)
     todo = list({key: job for job, key in zip(jobs, keys) if key not in cached}.values())
     fresh = {
         _job_key(r["config"], r["index"], r["part"], r["id"]): r
@@ -643,7 +642,7 @@ def run_eval(
         "command": command or shlex.join([sys.executable, *sys.argv]),
         "settings": settings or {},
         "sweeps": sweeps or {},
-        "reused": reused,
+        "reused": dict(Counter(r["reused_from"] for r in records if "reused_from" in r)),
         "variants": [
             {"name": v.name, "graph": v.graph, "settings": v.settings, "ingest": asdict(v.ingest), "config": v.fingerprint}
             for v in variants

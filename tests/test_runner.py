@@ -204,8 +204,9 @@ def test_reuse_adopts_identical_jobs_from_another_run(tiny: Dataset, tmp_path: P
     assert len(fake.calls) == 5  # three adopted, two run
     assert results.run["reused"] == {str(tmp_path / "first"): 3}
     assert "3 results taken from" in (tmp_path / "second" / "report.md").read_text()
-    run("second", 5, [])
+    again = run("second", 5, [])
     assert len(fake.calls) == 5  # adopted results were copied: the folder stands alone
+    assert again.run["reused"] == {str(tmp_path / "first"): 3}  # and the report still says where from
     run("third", 2, [tmp_path / "first"], top_k="7")
     assert len(fake.calls) == 7  # other settings: nothing to adopt
     with pytest.raises(ValueError, match="no results.jsonl there"):
