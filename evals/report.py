@@ -244,14 +244,17 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
     out = Path(out)
     grouped = _by_system(records)
     parts = "; ".join(
-        f"{p['tag']} ({p['questions']} questions, {p['source_tokens']:,} source tokens per question)" for p in run["parts"]
+        f"{p['tag']} ({p['questions']} question{'s' * (p['questions'] != 1)}, {p['source_tokens']:,} source tokens per question)"
+        for p in run["parts"]
     )
     shared = _shared_settings(run["variants"])
     lines = [
         f"# {run['dataset']} · {run['split']} split{' · retrieval only' if run['retrieval_only'] else ''}",
         "",
         f"- Data: {parts}",
-        "- Questions per system: " + str(run["questions"]) + (f" (limit {run['limit']})" if run["limit"] else ""),
+        "- Questions per system: " + str(run["questions"])
+        + (f" ({len(run['parts'])} lengths)" if len(run["parts"]) > 1 else "")
+        + (f" (limit {run['limit']})" if run["limit"] else ""),
         f"- Embedder: {run['embedder']}; chat model: {run['chat_model']}; session summaries: {run['summarizer']}",
         f"- Seed: {seed} (data building and bootstrap); scores in %, costs per question; finished {run['finished']}",
         f"- Settings of every variant: {_settings_text(shared) or 'defaults'}",
