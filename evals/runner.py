@@ -106,7 +106,7 @@ class Variant:
         ``FINGERPRINT_REFERENCE`` freezes an older default, so changing a default never lets a
         cached result stand for the new one. (Code changes are not tracked: after changing what
         a setting does, write to a new ``--out``.) Settings the graph never reads are left out."""
-        ignored = {"collection"} | UNREAD_SETTINGS[self.graph]
+        ignored = {"collection"} | UNREAD_SETTINGS.get(self.graph, frozenset())  # a new graph: all count
         changed = {
             f.name: getattr(self.context, f.name) for f in fields(Context)
             if f.name not in ignored and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
