@@ -259,7 +259,7 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         f"- Seed: {seed} (data building and bootstrap); scores in %, costs per question; finished {run['finished']}",
         f"- Settings of every variant: {_settings_text(shared) or 'defaults'}",
         *(f"- {count} results taken from `{folder}` (identical settings, collection and question)"
-          for folder, count in run.get("reused", {}).items() if count),
+          for folder, count in run["reused"].items()),
         "- Variants:",
     ]
     for variant in run["variants"]:
