@@ -50,9 +50,6 @@ from stores.mindscape import Mindscape
 from stores.settings import mia_home
 
 RECALL_KS = (1, 5, 10, 20)
-RETRIEVAL_ONLY_SYSTEMS = frozenset({"rag", "mia_rag"})
-"""Graphs that honour ``retrieval_only``; the agents decide *what* to retrieve with the chat model,
-so stopping them before it would measure nothing. Belongs in ``graph.registry`` once agents land."""
 INGEST_KEYS = ("chunk_size", "overlap", "window")
 """Settings that shape the collection rather than the run: changing one means another collection."""
 RESULTS_FILE = "results.jsonl"
@@ -65,26 +62,6 @@ DEFAULT_LENGTH = 32000
 # since: a result computed under the old default keeps its fingerprint, and one under the new default
 # gets a new one. Add a line here whenever a Context default changes.
 FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5}
-# Settings a graph never reads stay out of its fingerprint, so its results do not depend on them:
-# ``rag`` under α = 0.2 or 0.5 is one configuration, and so is ``infmem`` under either retriever.
-SIGNATURE_SETTINGS = frozenset({
-    "k0", "k_sum", "signature_init", "lambda_q", "lambda_c", "lambda_d", "alpha", "sig_strategy",
-    "prior_weights", "prior_temperature", "prior_gate",
-})
-MINDSCAPE_SETTINGS = SIGNATURE_SETTINGS | {
-    "retriever", "top_k", "candidates", "answer_inputs", "max_steps", "step_k", "rewrite_query",
-}
-"""What the retrieval graphs read and the streaming graphs (which read the source through their own
-BM25 windows) do not."""
-STREAMING_SETTINGS = frozenset({"stream_chunk_tokens", "memory_tokens", "bm25_window", "bm25_overlap", "stop_after"})
-UNREAD_SETTINGS: dict[str, frozenset[str]] = {
-    "rag": SIGNATURE_SETTINGS | STREAMING_SETTINGS,
-    "agent": SIGNATURE_SETTINGS | STREAMING_SETTINGS,
-    "mia_rag": STREAMING_SETTINGS,
-    "mia_agent": STREAMING_SETTINGS,
-    "infmem": MINDSCAPE_SETTINGS,
-    "memagent": MINDSCAPE_SETTINGS,
-}
 
 
 @dataclass(frozen=True)
@@ -105,11 +82,13 @@ class Variant:
         invalidate every cached result. The reference is each field's default, except where
         ``FINGERPRINT_REFERENCE`` freezes an older default, so changing a default never lets a
         cached result stand for the new one. (Code changes are not tracked: after changing what
-        a setting does, write to a new ``--out``.) Settings the graph never reads are left out."""
-        ignored = {"collection"} | UNREAD_SETTINGS.get(self.graph, frozenset())  # a new graph: all count
+        a setting does, write to a new ``--out``.) Settings the graph never reads are left out
+        (``graph.registry``), so ``rag`` under α = 0.2 or 0.5 is one configuration, and so is
+        ``infmem`` under either retriever."""
+        read = registry.settings_read(self.graph) - {"collection"}
         changed = {
             f.name: getattr(self.context, f.name) for f in fields(Context)
-            if f.name not in ignored and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
+            if f.name in read and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
         }
         payload = {"graph": self.graph, "context": changed, "ingest": asdict(self.ingest)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -204,11 +183,11 @@ def expand_variants(
     if len(set(systems)) != len(systems):
         raise ValueError(f"systems listed twice in {list(systems)}")
     if retrieval_only:
-        refused = [s for s in systems if s not in RETRIEVAL_ONLY_SYSTEMS]
+        refused = [s for s in systems if s not in registry.RETRIEVAL_ONLY_GRAPHS]
         if refused:
             raise ValueError(
                 f"{', '.join(refused)} cannot run retrieval-only (what each retrieves depends on the chat model's "
-                f"decisions); retrieval-only works for {', '.join(sorted(RETRIEVAL_ONLY_SYSTEMS))}: "
+                f"decisions); retrieval-only works for {', '.join(registry.RETRIEVAL_ONLY_GRAPHS)}: "
                 "drop --retrieval-only or remove those systems"
             )
     variants: list[Variant] = []

@@ -20,10 +20,22 @@ AnswerFormat = Literal["open", "choice", "verify"]
 Retriever = Literal["dense", "hybrid"]
 
 
-def _setting(default: Any, description: str) -> Any:
+SettingGroup = Literal["common", "retrieval", "signature", "streaming"]
+"""Which graphs read a setting: every graph (common), those that retrieve from the mindscape
+(retrieval), those that also select a signature (signature), or the streaming agents (streaming).
+``graph.registry`` says which groups each graph reads; the evaluation runner keeps the settings a
+graph never reads out of its results' fingerprint."""
+
+
+def _setting(default: Any, description: str, group: SettingGroup = "common") -> Any:
     """A field with a plain default (shown in Studio's form); ``__post_init__`` replaces a value
     left at its default by ``MIA_<NAME>`` when that variable is set."""
-    return field(default=default, metadata={"description": description})
+    return field(default=default, metadata={"description": description, "group": group})
+
+
+def settings_in(groups: frozenset[str]) -> frozenset[str]:
+    """The names of the settings that belong to any of ``groups``."""
+    return frozenset(f.name for f in fields(Context) if f.metadata["group"] in groups)
 
 
 @dataclass(kw_only=True)
@@ -37,45 +49,45 @@ class Context:
     max_new_tokens: int = _setting(256, "Most tokens the generator may write for an answer.")
 
     retrieval_only: bool = _setting(False, "Stop after retrieval, with no LLM call (evaluation, debugging).")
-    top_k: int = _setting(10, "Chunks given to the generator (static graphs).")
+    top_k: int = _setting(10, "Chunks given to the generator (static graphs).", group="retrieval")
     retriever: Retriever = _setting(
-        "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion (measured best, issue 8). dense: the embedder alone, as in the paper."
+        "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion (measured best, issue 8). dense: the embedder alone, as in the paper.", group="retrieval"
     )
-    k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.")
-    k_sum: int = _setting(5, "Summaries in the signature (K_sum).")
+    k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.", group="signature")
+    k_sum: int = _setting(5, "Summaries in the signature (K_sum).", group="signature")
     signature_init: SignatureInit = _setting(
-        "auto", "InitSignature variant: coverage-aware (Alg. 2), first_k, or auto (coverage for mia_rag, first_k for the agent)."
+        "auto", "InitSignature variant: coverage-aware (Alg. 2), first_k, or auto (coverage for mia_rag, first_k for the agent).", group="signature"
     )
-    lambda_q: float = _setting(0.3, "Weight of query relevance in the selection objective (λ_Q).")
-    lambda_c: float = _setting(0.4, "Weight of chunk coverage in the selection objective (λ_C).")
-    lambda_d: float = _setting(0.3, "Weight of diversity in the selection objective (λ_D).")
+    lambda_q: float = _setting(0.3, "Weight of query relevance in the selection objective (λ_Q).", group="signature")
+    lambda_c: float = _setting(0.4, "Weight of chunk coverage in the selection objective (λ_C).", group="signature")
+    lambda_d: float = _setting(0.3, "Weight of diversity in the selection objective (λ_D).", group="signature")
     alpha: float = _setting(
-        0.2, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5."
+        0.2, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5.", group="signature"
     )
     sig_strategy: SigStrategy = _setting(
-        "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), mia (decoder embedder's δ-interpolated query), or prior (soft membership prior: chunks inherit their session summary's weight)."
+        "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), mia (decoder embedder's δ-interpolated query), or prior (soft membership prior: chunks inherit their session summary's weight).", group="signature"
     )
     prior_weights: PriorWeights = _setting(
-        "votes", "sig_strategy=prior: weight summaries by the soft vote of their step-0 chunks (votes) or by e_q·e_s (relevance; always used by the agents, whose signature evolves past step 0)."
+        "votes", "sig_strategy=prior: weight summaries by the soft vote of their step-0 chunks (votes) or by e_q·e_s (relevance; always used by the agents, whose signature evolves past step 0).", group="signature"
     )
-    prior_temperature: float = _setting(0.05, "sig_strategy=prior: softmax temperature τ of the summary weights; smaller is more selective.")
-    prior_gate: float = _setting(0.0, "sig_strategy=prior: apply the prior only when the top summary's weight (weights sum to 1) reaches this; else query-only.")
-    candidates: int = _setting(100, "Chunks fetched by the interpolated vector search before exact Eq. 4 rescoring.")
+    prior_temperature: float = _setting(0.05, "sig_strategy=prior: softmax temperature τ of the summary weights; smaller is more selective.", group="signature")
+    prior_gate: float = _setting(0.0, "sig_strategy=prior: apply the prior only when the top summary's weight (weights sum to 1) reaches this; else query-only.", group="signature")
+    candidates: int = _setting(100, "Chunks fetched by the interpolated vector search before exact Eq. 4 rescoring.", group="retrieval")
 
     answer_inputs: AnswerInputs = _setting(
-        "chunks", "What the generator sees besides the question: chunks, +sig, +evi, +sig+evi, or auto (our per-question rule)."
+        "chunks", "What the generator sees besides the question: chunks, +sig, +evi, +sig+evi, or auto (our per-question rule).", group="retrieval"
     )
     answer_format: AnswerFormat = _setting("open", "open (a short phrase), choice (a letter) or verify (TRUE/FALSE).")
 
-    max_steps: int = _setting(3, "Agent: most Retrieve→Update steps (N_stop).")
-    step_k: int = _setting(20, "Agent: chunks retrieved per step.")
-    rewrite_query: bool = _setting(True, "Agent: let Update rewrite the query between steps.")
+    max_steps: int = _setting(3, "Agent: most Retrieve→Update steps (N_stop).", group="retrieval")
+    step_k: int = _setting(20, "Agent: chunks retrieved per step.", group="retrieval")
+    rewrite_query: bool = _setting(True, "Agent: let Update rewrite the query between steps.", group="retrieval")
 
-    stream_chunk_tokens: int = _setting(5000, "InfMem/MemAgent: tokens of source read per step.")
-    memory_tokens: int = _setting(1024, "InfMem/MemAgent: bound on the memory, in tokens.")
-    bm25_window: int = _setting(500, "InfMem: tokens per BM25 retrieval window.")
-    bm25_overlap: int = _setting(100, "InfMem: overlap between BM25 windows, in tokens.")
-    stop_after: int = _setting(3, "InfMem: stop after this many consecutive STOP decisions (1-stop, 3-stop).")
+    stream_chunk_tokens: int = _setting(5000, "InfMem/MemAgent: tokens of source read per step.", group="streaming")
+    memory_tokens: int = _setting(1024, "InfMem/MemAgent: bound on the memory, in tokens.", group="streaming")
+    bm25_window: int = _setting(500, "InfMem: tokens per BM25 retrieval window.", group="streaming")
+    bm25_overlap: int = _setting(100, "InfMem: overlap between BM25 windows, in tokens.", group="streaming")
+    stop_after: int = _setting(3, "InfMem: stop after this many consecutive STOP decisions (1-stop, 3-stop).", group="streaming")
 
     def __post_init__(self) -> None:
         for f in fields(self):

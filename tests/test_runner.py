@@ -308,6 +308,24 @@ def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
     assert streaming["rag"] == base["rag"] and streaming["mia_rag"] == base["mia_rag"]
 
 
+def test_every_setting_has_a_description_and_a_group_some_graph_reads() -> None:
+    """Studio's settings form shows the descriptions; a setting outside every graph's groups (a typo
+    in its group) would silently drop out of every fingerprint."""
+    from dataclasses import fields
+    from typing import get_args
+
+    from graph import registry
+    from nodes.context import Context, SettingGroup
+
+    read_somewhere = set().union(*(registry.settings_read(g) for g in registry.QUESTION_GRAPHS))
+    for f in fields(Context):
+        assert f.metadata["description"], f.name
+        assert f.metadata["group"] in get_args(SettingGroup), f.name
+        assert f.name in read_somewhere, f.name
+    assert registry.settings_read("rag") < registry.settings_read("mia_rag")  # MiA reads the signature's too
+    assert not registry.settings_read("infmem") & {"retriever", "alpha", "top_k"}
+
+
 def test_cost_growth_compares_the_same_questions() -> None:
     """Ratios to the shortest length use only questions finished at both lengths (hand-computed)."""
     from evals import report
