@@ -231,7 +231,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t1 = time.perf_counter()
         step0 = query_only(store, query_vec, ctx.k0, text=question, hybrid=hybrid, depth=ctx.candidates)
         t2 = time.perf_counter()
-        picks = select_signature(store, query_vec, step0, ctx, default="coverage")
+        picks = select_signature(store, question, query_vec, step0, ctx, default="coverage")
         t3 = time.perf_counter()
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, [p["id"] for p in picks])
         dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, text=question, hybrid=hybrid)

@@ -12,8 +12,9 @@ which is what a single user on loopback wants. With keys set:
   it names (an ingest run's input);
 * threads are private to the key that created them (they hold questions and answers);
 * a key restricted to some collections may not point a run at other models or endpoints
-  (``chat_base_url``, ``chat_model``, ``embedder``): the server would otherwise send retrieved
-  text, or its own requests, wherever a caller asks;
+  (``chat_base_url``, ``chat_model``, ``embedder``, ``selection_embedder``): the server would
+  otherwise send retrieved text, or its own requests, wherever a caller asks, and load any model
+  folder on its disk;
 * assistants can be changed only by keys allowed on every collection, and a key sees (and runs)
   only the default assistants and those whose collection it may use; crons and the store are
   unused by MiA and refused.
@@ -44,7 +45,7 @@ from stores.paths import PathError, ingest_root, resolve_under
 KEYS_ENV = "MIA_API_KEYS"
 PERMISSION_PREFIX = "collection:"
 # Run settings that choose models and endpoints: server-side for restricted keys.
-SERVER_SETTINGS = ("chat_base_url", "chat_model", "embedder")
+SERVER_SETTINGS = ("chat_base_url", "chat_model", "embedder", "selection_embedder")
 INGEST_GRAPH = "ingest"
 
 Keys = Mapping[str, tuple[str, ...]]

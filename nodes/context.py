@@ -72,6 +72,9 @@ class Context:
     )
     prior_temperature: float = _setting(0.05, "sig_strategy=prior: softmax temperature τ of the summary weights; smaller is more selective.", group="signature")
     prior_gate: float = _setting(0.0, "sig_strategy=prior: apply the prior only when the top summary's weight (weights sum to 1) reaches this; else query-only.", group="signature")
+    selection_embedder: str = _setting(
+        "", "Embedder whose vectors score the signature selection (coverage-aware InitSignature): bge-m3:PATH (a local BGE-M3 folder: its CLS vectors, as in the paper) or any embedder spec. Empty: the collection's own vectors, no extra model.", group="signature"
+    )
     candidates: int = _setting(100, "Chunks fetched by the interpolated vector search before exact Eq. 4 rescoring.", group="retrieval")
 
     answer_inputs: AnswerInputs = _setting(

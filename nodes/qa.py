@@ -94,10 +94,11 @@ def initial_signature(question: str, ctx: Context, default: str) -> dict[str, An
     store = resources.mindscape(ctx)
     query_vec = resources.embedder(ctx, store).embed_query(question)
     step0 = query_only(store, query_vec, ctx.k0, text=question, hybrid=ctx.retriever == "hybrid", depth=ctx.candidates)
-    return {"step0": as_scored(step0, query_vec), "signature": select_signature(store, query_vec, step0, ctx, default)}
+    return {"step0": as_scored(step0, query_vec), "signature": select_signature(store, question, query_vec, step0, ctx, default)}
 
 
-def select_signature(store: Any, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context, default: str) -> list[dict[str, Any]]:
+def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context,
+                     default: str) -> list[dict[str, Any]]:
     """InitSignature over the ranked step-0 hits; ``default`` is the variant used when the context says auto."""
     covered = [h for h in step0 if h.summary_id]
     ranked_summaries = [h.summary_id for h in covered]
@@ -110,12 +111,25 @@ def select_signature(store: Any, query_vec: Any, step0: Sequence[ChunkHit], ctx:
         picks = first_k(ranked_summaries, ctx.k_sum)
     else:
         pool, coverage = summary_pool(ranked_summaries)
-        picks = coverage_aware(
-            query_vec, pool, store.vectors("summaries", pool), np.stack([h.vector for h in covered]),
-            coverage, k=ctx.k_sum, lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d),
-        )
+        query_vec, summary_vecs, chunk_vecs = selection_vectors(store, ctx, question, query_vec, pool, covered)
+        picks = coverage_aware(query_vec, pool, summary_vecs, chunk_vecs, coverage, k=ctx.k_sum,
+                               lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d))
     return [{"id": p.summary_id, "gain": round(p.gain, 6), "relevance": round(p.relevance, 6),
              "coverage": round(p.coverage, 6), "diversity": round(p.diversity, 6)} for p in picks]
+
+
+def selection_vectors(store: Any, ctx: Context, question: str, query_vec: np.ndarray, pool: Sequence[str],
+                      covered: Sequence[ChunkHit]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(e_q, summary vectors, chunk vectors) for the selection objective: the collection's own
+    vectors, or those of ``selection_embedder`` (the paper's BGE-M3), which embeds the question,
+    the pool's summaries and the step-0 chunks afresh: one encoder pass of about K0 + |pool| texts
+    per question, worth a GPU."""
+    if not ctx.selection_embedder:
+        return query_vec, store.vectors("summaries", pool), np.stack([h.vector for h in covered])
+    encoder = resources.selection_embedder(ctx)
+    summaries = [r["text"] for r in store.summary_records(pool)]
+    chunks = [r["text"] for r in store.chunk_records([h.id for h in covered])]
+    return encoder.embed_query(question), encoder.embed_documents(summaries), encoder.embed_documents(chunks)
 
 
 def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:

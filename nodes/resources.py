@@ -35,5 +35,11 @@ def embedder(ctx: Context, store: Mindscape | None = None) -> Embedder:
     return model
 
 
+def selection_embedder(ctx: Context) -> Embedder:
+    """The embedder that scores the signature selection when ``selection_embedder`` names one
+    (loaded once per process); it reads texts, so it need not match the collection's."""
+    return load_embedder(ctx.selection_embedder)
+
+
 def chat_model(ctx: Context, max_tokens: int | None = None) -> BaseChatModel:
     return load_chat_model(ctx.chat_base_url, ctx.chat_model, max_tokens or ctx.max_new_tokens)

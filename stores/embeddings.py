@@ -117,7 +117,8 @@ def _huggingface(name: str, path: str) -> Embedder:
 
 def load_embedder(spec: str = "") -> Embedder:
     """Resolve an embedder spec: ``minilm`` (default), ``use``, ``openai:MODEL``, ``decoder:PATH``
-    (a Qwen3-style decoder embedder, MiA-Emb format), or a local Hugging Face model folder.
+    (a Qwen3-style decoder embedder, MiA-Emb format), ``bge-m3:PATH`` (BGE-M3's CLS vectors) or a
+    local Hugging Face model folder.
 
     An empty spec means MIA_EMBEDDINGS, read on every call: resolving it inside the cache would
     keep answering with whichever model the variable named first.
@@ -145,6 +146,12 @@ def _load_embedder(spec: str) -> Embedder:
             check_embedding_ctx_length=False,
         )
         return Embedder(name=spec, model=model)
+    if spec.startswith("bge-m3:"):
+        from stores.bge_m3 import BGEM3Embeddings
+
+        model = BGEM3Embeddings(spec.removeprefix("bge-m3:"))
+        special = model.tokenizer.num_special_tokens_to_add(pair=False)
+        return Embedder(name=spec, model=model, max_tokens=model.max_length - special, count_tokens=model.count_tokens)
     if spec.startswith("decoder:"):
         from stores.decoder_embeddings import DecoderEmbeddings
 
@@ -156,6 +163,6 @@ def _load_embedder(spec: str) -> Embedder:
     if not Path(spec).expanduser().is_dir():
         raise ValueError(
             f"unknown embedder {spec!r}: use minilm, use, openai:MODEL (with MIA_EMBEDDINGS_BASE_URL), "
-            "decoder:PATH, or the path of a local Hugging Face model folder"
+            "decoder:PATH, bge-m3:PATH, or the path of a local Hugging Face model folder"
         )
     return _huggingface(f"hf:{Path(spec).expanduser().resolve()}", str(Path(spec).expanduser()))

@@ -58,7 +58,6 @@ class Settings:
     chat_base_url: str = field(default_factory=lambda: _env("MIA_CHAT_BASE_URL"))
     chat_model: str = field(default_factory=lambda: _env("MIA_CHAT_MODEL"))
     api_key: str = field(default_factory=lambda: _env("MIA_API_KEY") or _env("OPENAI_API_KEY"))
-    bge_m3_path: str = field(default_factory=lambda: _env("MIA_BGE_M3_PATH"))
 
     @property
     def resolved_chroma_path(self) -> Path:

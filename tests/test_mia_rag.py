@@ -39,7 +39,7 @@ def _signature(store: Any, embedder: Any, question: str, strategy: str = "centro
     ctx = Context(collection=store.name)
     query_vec = embedder.embed_query(question)
     step0 = query_only(store, query_vec, ctx.k0)
-    picks = select_signature(store, query_vec, step0, ctx, default="coverage")
+    picks = select_signature(store, question, query_vec, step0, ctx, default="coverage")
     assert len(picks) == ctx.k_sum
     sig_vec, _ = signature_vector(strategy, store, embedder, question, [p["id"] for p in picks])
     return query_vec, sig_vec

@@ -180,6 +180,7 @@ def test_restricted_keys_may_not_choose_models_or_endpoints() -> None:
     message = _refused(FAIRY, {"context": {"collection": "fairy", "chat_base_url": "http://elsewhere"}})
     assert "chat_base_url" in message
     assert "embedder" in _refused(FAIRY, {"config": {"configurable": {"collection": "fairy", "embedder": "use"}}})
+    assert "selection_embedder" in _refused(FAIRY, {"context": {"collection": "fairy", "selection_embedder": "bge-m3:/x"}})
     _check(identify(KEYS, "Bearer k-all", None), {"context": {"collection": "x", "embedder": "use"}})
 
 
