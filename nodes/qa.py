@@ -111,8 +111,8 @@ def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[
         picks = first_k(ranked_summaries, ctx.k_sum)
     else:
         pool, coverage = summary_pool(ranked_summaries)
-        query_vec, summary_vecs, chunk_vecs = selection_vectors(store, ctx, question, query_vec, pool, covered)
-        picks = coverage_aware(query_vec, pool, summary_vecs, chunk_vecs, coverage, k=ctx.k_sum,
+        e_q, summary_vecs, chunk_vecs = selection_vectors(store, ctx, question, query_vec, pool, covered)
+        picks = coverage_aware(e_q, pool, summary_vecs, chunk_vecs, coverage, k=ctx.k_sum,
                                lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d))
     return [{"id": p.summary_id, "gain": round(p.gain, 6), "relevance": round(p.relevance, 6),
              "coverage": round(p.coverage, 6), "diversity": round(p.diversity, 6)} for p in picks]
