@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaModel
 
 from stores.bge_m3 import BGEM3Embeddings
-from tests.conftest import STORIES, story_text
+from tests.conftest import STORIES, requires_data, story_text
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
 TEXTS = [
@@ -30,7 +30,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A word-level tokenizer trained on the test stories and a 2-layer random XLM-RoBERTa."""
+    """A word-level tokenizer trained on the test stories (shared data) and a 2-layer random XLM-RoBERTa."""
     path = tmp_path_factory.mktemp("tiny-bge-m3")
     words = Tokenizer(models.WordLevel(unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -61,6 +61,7 @@ def _cls(model_dir: Path, texts: list[str]) -> np.ndarray:
     return np.stack(rows)
 
 
+@requires_data
 def test_vectors_are_normalised_cls_states_whatever_the_batch(model_dir: Path) -> None:
     model = BGEM3Embeddings(str(model_dir), device="cpu", batch_size=2)
     assert model.max_length == 1024  # the tokenizer's limit, below the positions' 1026 - 2
@@ -70,6 +71,7 @@ def test_vectors_are_normalised_cls_states_whatever_the_batch(model_dir: Path) -
     assert model.count_tokens(TEXTS[3]) == 200  # 5 words and "?" per repeat, no special tokens
 
 
+@requires_data
 def test_long_inputs_are_not_cut_at_flagembeddings_default_limit(model_dir: Path) -> None:
     """FlagEmbedding truncates passages to 512 tokens unless told otherwise; ours go to the model's limit."""
     long_text = " ".join(["fox"] * 700)
@@ -84,6 +86,7 @@ def test_a_missing_folder_is_named_without_trying_the_hub(tmp_path: Path) -> Non
         load_embedder(f"bge-m3:{tmp_path / 'nowhere'}")
 
 
+@requires_data
 def test_mia_rag_scores_the_selection_with_the_selection_embedder(model_dir: Path, tiny_collection, minilm, cli) -> None:
     """The picks, with the relevance each was credited (λ_Q·e_q·e_s over the pool's max), are what
     coverage-aware selection makes of the tiny BGE-M3's vectors, not of the collection's MiniLM ones."""
