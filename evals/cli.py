@@ -45,7 +45,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         length=args.length, retrieval_only=args.retrieval_only, limit=args.limit, seed=args.seed, out=out,
         settings=settings, sweeps=sweeps, concurrency=args.concurrency, progress=not args.json and not args.quiet,
         summarizer=args.summarizer, texts=args.texts, questions_file=args.questions, command=command_line(args, out),
-        reuse=args.reuse or [],
+        reuse=args.reuse or [], baselines=args.baseline or [],
     )
     if args.json:
         print(json.dumps(results.summary))
@@ -79,6 +79,8 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
         argv += ["--texts", str(args.texts), "--questions", str(args.questions)]
     for folder in args.reuse or []:
         argv += ["--reuse", str(folder)]
+    for name in args.baseline or []:
+        argv += ["--baseline", name]
     argv += ["--concurrency", str(args.concurrency), "--out", str(out)]
     return shlex.join(argv)
 
@@ -125,6 +127,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reuse", action="append", type=Path, metavar="DIR",
                    help="take results an earlier run (its --out folder) finished for identical jobs: same settings, "
                         "collection content and question; they are copied here; repeat for several folders")
+    p.add_argument("--baseline", action="append", metavar="VARIANT",
+                   help="a paired-difference table against this variant, e.g. agent or 'rag[retriever=hybrid]' "
+                        "(default: rag); repeat for several")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_eval)
     return p

@@ -3,8 +3,8 @@
 Everything here is computed from ``results.jsonl`` records alone, so a report can be regenerated
 (rerun the same ``mia eval`` command: every question is cached) and a reader can recompute any
 number from the committed records. Intervals are percentile bootstraps over questions with the
-run's seed; differences against ``rag`` are *paired* (the same questions resampled jointly),
-which is the comparison that can actually tell two systems apart on a few hundred questions.
+run's seed; differences against ``rag`` (or the ``--baseline`` variants) are *paired* (the same
+questions resampled jointly), which is the comparison that can actually tell two systems apart on a few hundred questions.
 
 Scores are percentages; cost columns are per-question averages.
 """
@@ -28,7 +28,8 @@ PRIMARY_SCORES = ("f1", "accuracy", "recall@10", "recall@5", "recall@1")
 DECIMALS = {"llm_calls": 2, "seconds": 3}
 """Scores and token counts read well to 0.1; calls and seconds per question are often below 1."""
 BASELINE = "rag"
-"""Paired differences are taken against this system, or against the first ``rag[...]`` variant of a sweep."""
+"""Without ``--baseline``, paired differences are taken against this system, or against the first
+``rag[...]`` variant of a sweep."""
 REPORT_FILE = "report.md"
 RECALL_PLOT = "recall_at_k.png"
 COST_PLOT = "cost_vs_length.png"
@@ -81,7 +82,44 @@ def _aligned(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[st
     return {(r["part"], r["id"]): r for r in records}
 
 
-def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int) -> list[str]:
+def _default_baselines(systems: Sequence[str]) -> list[str]:
+    """``rag``, else the first ``rag[...]`` variant of a sweep; none when that is the only system."""
+    baseline = next((n for n in systems if n == BASELINE), None) or next((n for n in systems if n.startswith(f"{BASELINE}[")), None)
+    return [baseline] if baseline is not None and len(systems) > 1 else []
+
+
+def _paired_table(grouped: dict[str, list[dict[str, Any]]], values: dict[str, dict[str, list[float]]],
+                  columns: Sequence[str], systems: Sequence[str], baseline: str, seed: int) -> list[str]:
+    """Every other system minus ``baseline`` on the questions both answered, with paired intervals."""
+    base = _aligned(grouped[baseline])
+    lines = [
+        "",
+        f"## Paired difference against `{baseline}` (system − baseline, same questions, 95% paired bootstrap interval)",
+        "",
+        "| system | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name in systems:
+        if name == baseline:
+            continue
+        mine = _aligned(grouped[name])
+        keys = [k for k in mine if k in base]
+        cells = []
+        for metric in columns:
+            if metric in values[name] and metric in values[baseline]:
+                a = [_value(mine[k], metric) for k in keys]
+                b = [_value(base[k], metric) for k in keys]
+                cells.append(_fmt(metric, paired_bootstrap_ci(a, b, seed=seed)))
+            else:
+                cells.append("–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int,
+            baselines: Sequence[str] = ()) -> list[str]:
+    """The results table, one paired table per baseline (``_default_baselines`` when none are named)
+    and, for multi-length runs, the per-length and cost-growth tables."""
     values = {name: metric_values(grouped[name]) for name in systems}
     columns = [m for m in (*SCORE_METRICS, *COST_METRICS) if any(m in values[n] for n in systems)]
     lines = [
@@ -93,30 +131,8 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
     for name in systems:
         cells = [_fmt(m, bootstrap_ci(values[name][m], seed=seed)) if m in values[name] else "–" for m in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    baseline = next((n for n in systems if n == BASELINE), None) or next((n for n in systems if n.startswith(f"{BASELINE}[")), None)
-    if baseline is not None and len(systems) > 1:
-        base = _aligned(grouped[baseline])
-        lines += [
-            "",
-            f"## Paired difference against `{baseline}` (system − baseline, same questions, 95% paired bootstrap interval)",
-            "",
-            "| system | " + " | ".join(columns) + " |",
-            "|---|" + "---|" * len(columns),
-        ]
-        for name in systems:
-            if name == baseline:
-                continue
-            mine = _aligned(grouped[name])
-            keys = [k for k in mine if k in base]
-            cells = []
-            for metric in columns:
-                if metric in values[name] and metric in values[baseline]:
-                    a = [_value(mine[k], metric) for k in keys]
-                    b = [_value(base[k], metric) for k in keys]
-                    cells.append(_fmt(metric, paired_bootstrap_ci(a, b, seed=seed)))
-                else:
-                    cells.append("–")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for baseline in baselines or _default_baselines(systems):
+        lines += _paired_table(grouped, values, columns, systems, baseline, seed)
     if len(run["parts"]) > 1:
         lines += ["", "## By source length (mean over questions)", ""]
         lines += ["| system | length | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
@@ -238,7 +254,8 @@ def _settings_text(settings: dict[str, Any]) -> str:
     return ", ".join(f"`{k}={v}`" for k, v in settings.items())
 
 
-def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str], *, seed: int) -> Path:
+def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str], *, seed: int,
+                 baselines: Sequence[str] = ()) -> Path:
     """``report.md`` plus its two plots in ``out``; the header carries everything needed to
     reproduce the numbers (data, split, models, seed, command)."""
     out = Path(out)
@@ -271,7 +288,7 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
             f"(config {variant['config']})"
         )
     lines += ["", "Command:", "", "```", run["command"], "```", ""]
-    lines += _tables(run, grouped, systems, seed)
+    lines += _tables(run, grouped, systems, seed, baselines)
     lines.append("")
     if plot_recall(out / RECALL_PLOT, grouped, systems, seed):
         lines += [f"![Recall@k]({RECALL_PLOT})", ""]

@@ -563,6 +563,7 @@ def run_eval(
     questions_file: Path | None = None,
     command: str | None = None,
     reuse: Sequence[Path] = (),
+    baselines: Sequence[str] = (),
 ) -> EvalResults:
     """Run every question for every variant (resuming from ``out/results.jsonl``), then write
     ``run.json``, ``summary.json`` and the report into ``out``.
@@ -572,6 +573,7 @@ def run_eval(
     multihop-synth target length in tokens; several lengths make one data set each. ``command`` is
     what the report names as the command that made it (default: this process's command line).
     ``reuse`` names earlier runs' output folders whose results stand in for identical jobs here.
+    ``baselines`` names the variants the report's paired tables subtract (default: ``rag``).
     """
     from evals import report
 
@@ -579,6 +581,10 @@ def run_eval(
     lengths = [length] if isinstance(length, int) else list(length or [])
     variants = expand_variants(systems, settings or {}, sweeps or {}, retrieval_only=retrieval_only, summarizer=summarizer)
     # Validation first: a mistyped command must not leave an empty output folder behind.
+    names = [v.name for v in variants]
+    for baseline in baselines:
+        if baseline not in names:
+            raise ValueError(f"--baseline {baseline}: not a variant of this run; pick one of {', '.join(names)}")
     parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file)
     reuse = [Path(folder) for folder in reuse]
     for folder in reuse:
@@ -630,10 +636,10 @@ def run_eval(
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     results = EvalResults(first.name, first.split, out, run, records)
-    results.summary = report.summarise(run, records, [v.name for v in variants])
+    results.summary = report.summarise(run, records, names)
     (out / RUN_FILE).write_text(json.dumps(run, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / SUMMARY_FILE).write_text(json.dumps(results.summary, indent=2) + "\n", encoding="utf-8")
-    report.write_report(out, run, records, [v.name for v in variants], seed=seed)
+    report.write_report(out, run, records, names, seed=seed, baselines=baselines)
     return results
 
 

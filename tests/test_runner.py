@@ -243,6 +243,7 @@ def test_variants_and_sweeps() -> None:
         ({"systems": ["rag"], "dataset": "nope"}, "unknown dataset"),
         ({"systems": ["rag"], "dataset": "fairytale-series", "length": 16000}, "--length applies to multihop-synth only"),
         ({"systems": ["rag"], "dataset": "custom"}, "needs --texts"),
+        ({"systems": ["rag", "mia_rag"], "baselines": ["agent"]}, r"--baseline agent: not a variant of this run; pick one of rag, mia_rag"),
     ],
 )
 def test_user_errors(kwargs: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -275,6 +276,26 @@ def test_paired_table_uses_a_swept_rag_as_baseline() -> None:
     paired = lines[next(i for i, line in enumerate(lines) if line.startswith("## Paired")):]
     row = next(line for line in paired if line.startswith("| rag[retriever=hybrid] |"))
     assert row.split("|")[2].strip() == "1.0 [1.0, 1.0]"  # hybrid − dense recall@10, the same on every question
+
+
+def test_named_baselines_replace_rag_with_one_paired_table_each() -> None:
+    """``--baseline agent --baseline infmem``: a table against each, none against ``rag``."""
+    from evals import report
+
+    def rec(system: str, qid: str, f1: float) -> dict[str, Any]:
+        return {"system": system, "part": "p", "id": qid, "scores": {"f1": f1}, **{m: 0.0 for m in report.COST_METRICS}}
+
+    systems = ["rag", "agent", "infmem"]
+    scores = {"rag": 10.0, "agent": 30.0, "infmem": 20.0}
+    records = [rec(name, q, scores[name]) for name in systems for q in "abc"]
+    lines = report._tables({"parts": [{}]}, report._by_system(records), systems, seed=0, baselines=["agent", "infmem"])
+    headings = [line for line in lines if line.startswith("## Paired")]
+    assert [h.split("`")[1] for h in headings] == ["agent", "infmem"]
+    tables = "\n".join(lines).split("## Paired")[1:]
+    against_agent = [row.split("|")[1:3] for row in tables[0].splitlines() if row.startswith("| ") and "system" not in row]
+    assert [(name.strip(), cell.strip()) for name, cell in against_agent] == [("rag", "-20.0 [-20.0, -20.0]"),
+                                                                               ("infmem", "-10.0 [-10.0, -10.0]")]
+    assert "| agent | 10.0 [10.0, 10.0]" in tables[1]
 
 
 def test_fingerprints_of_committed_results_do_not_move() -> None:
