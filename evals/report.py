@@ -4,7 +4,8 @@ Everything here is computed from ``results.jsonl`` records alone, so a report ca
 (rerun the same ``mia eval`` command: every question is cached) and a reader can recompute any
 number from the committed records. Intervals are percentile bootstraps over questions with the
 run's seed; differences against ``rag`` (or the ``--baseline`` variants) are *paired* (the same
-questions resampled jointly), which is the comparison that can actually tell two systems apart on a few hundred questions.
+questions resampled jointly), which is the comparison that can actually tell two systems apart on a
+few hundred questions.
 
 Scores are percentages; cost columns are per-question averages.
 """
