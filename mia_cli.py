@@ -51,7 +51,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from stores.ingest import IngestOptions, collect_sources, ingest
     from stores.mindscape import chroma_client, validate_name
 
-    options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer)
+    options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer,
+                            chunker=args.chunker, keep_front_matter=args.keep_front_matter, window_unit=args.window_unit)
     options.validate()
     validate_name(args.collection)
     collect_sources(args.paths)  # fail on bad input before loading any model
@@ -83,7 +84,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"{s['collection']}: {len(s['books'])} book(s), {s['chunks']} chunks, {s['summaries']} summaries, "
               f"{s['tokens']} tokens, embedder {s['embedder']}")
         for b in s["books"]:
-            print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} chunks, {b['summaries']} summaries, {b['tokens']} tokens")
+            left_out = f", {b['left_out_tokens']} tokens of front/back matter left out" if b["left_out_tokens"] else ""
+            print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} {b['chunker']} chunks, {b['summaries']} summaries, "
+                  f"{b['tokens']} tokens{left_out}")
     return 0
 
 
@@ -182,7 +185,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not book.exists():
         raise CliError(f"demo book {book} not found: set MIA_DATA to the shared data folder (it holds books/holmes/)")
     ingest_args = argparse.Namespace(paths=[str(book)], collection=DEMO_COLLECTION, summarizer=args.summarizer,
-                                     chunk_size=200, overlap=0, window=20, embedder="", quiet=False)
+                                     chunk_size=200, overlap=0, window=20, window_unit="chunks", chunker="window",
+                                     keep_front_matter=False, embedder="", quiet=False)
     cmd_ingest(ingest_args)
     cmd_ls(argparse.Namespace(json=False))
     for graph_name in ("rag", "mia_rag"):
@@ -201,9 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collection", required=True, help="collection name (lowercase letters, digits, - and _)")
     p.add_argument("--summarizer", choices=["llm", "extractive", "none"], default="llm",
                    help="session summaries by the chat model (default), extractive (no LLM), or none")
-    p.add_argument("--chunk-size", type=int, default=200, help="tokens per chunk (default 200)")
+    p.add_argument("--chunk-size", type=int, default=200, help="most tiktoken tokens per chunk (default 200)")
     p.add_argument("--overlap", type=int, default=0, help="tokens shared by consecutive chunks (default 0)")
     p.add_argument("--window", type=int, default=20, help="chunks per session summary, W (default 20)")
+    p.add_argument("--window-unit", choices=["chunks", "tokens"], default="chunks",
+                   help="count W in chunks (default), or in tokens: each summary covers up to W × chunk size tokens")
+    p.add_argument("--chunker", choices=["structure", "window"], default="window",
+                   help="window: fixed token windows (default: they retrieve best on the validation split); structure: "
+                        "paragraphs and sentences kept whole under the token budget, a heading starts its chunk")
+    p.add_argument("--keep-front-matter", action="store_true",
+                   help="also chunk Project Gutenberg's licence header and footer (left out by default)")
     p.add_argument("--embedder", default="", help="embedder spec (default: MIA_EMBEDDINGS or minilm)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_ingest)

@@ -73,9 +73,8 @@ def measure_ingest(path: Path, summarizer: str = "extractive", embedder_spec: st
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
-    from stores.chunking import chunk_text
     from stores.embeddings import load_embedder
-    from stores.ingest import EMBED_BATCH, IngestOptions, collect_sources, ingest
+    from stores.ingest import EMBED_BATCH, IngestOptions, chunk_book, collect_sources, ingest
     from stores.summaries import SummaryCache
     from stores.tokens import count_tokens
 
@@ -84,8 +83,7 @@ def measure_ingest(path: Path, summarizer: str = "extractive", embedder_spec: st
     embedder.embed_documents([source.text[:2000]] * 4)  # warm-up
     tokens = count_tokens(source.text)
     options = IngestOptions()
-    texts = [c.text for c in chunk_text(source.text, options.chunk_size, options.overlap,
-                                        max_model_tokens=embedder.max_tokens, count_model_tokens=embedder.count_tokens)]
+    texts = [c.text for c in chunk_book(source.text, options, embedder)[1]]
 
     def ingest_once(summary_mode: str) -> tuple[Any, float]:
         with tempfile.TemporaryDirectory(prefix="mia-bench-") as tmp:
@@ -206,7 +204,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     from nodes import resources
     from nodes.context import context_from
     from nodes.qa import select_signature
-    from nodes.retrieval import dual_signal, query_only, signature_vector
+    from nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
     from nodes.signature import coverage_aware, summary_pool
     from stores.mindscape import Mindscape
 
@@ -217,7 +215,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     embedder = resources.embedder(ctx, store)
     questions = questions_from(store, n_questions)
     graphs = {name: load_graph(name) for name in ("rag", "mia_rag")}
-    hybrid = ctx.retriever == "hybrid"  # the stages follow the same settings as the graphs
+    fusion = Fusion.of(ctx)  # the stages follow the same settings as the graphs
 
     # Query vectors are memoised per text (stores.embeddings); each measurement starts without
     # them, as a new question would, so every run pays for its own query embedding. Each question
@@ -229,12 +227,12 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t0 = time.perf_counter()
         query_vec = embedder.embed_query(question)
         t1 = time.perf_counter()
-        step0 = query_only(store, query_vec, ctx.k0, text=question, hybrid=hybrid, depth=ctx.candidates)
+        step0 = query_only(store, query_vec, ctx.k0, text=question, fusion=fusion, depth=ctx.candidates)
         t2 = time.perf_counter()
         picks = select_signature(store, question, query_vec, step0, ctx, default="coverage")
         t3 = time.perf_counter()
         sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, [p["id"] for p in picks])
-        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, text=question, hybrid=hybrid)
+        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, text=question, fusion=fusion)
         t4 = time.perf_counter()
         # The greedy alone (Alg. 2 on arrays already in memory), apart from fetching them from Chroma.
         records = store.chunk_records([h.id for h in step0], documents=False)
@@ -252,7 +250,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t0 = time.perf_counter()
         query_vec = embedder.embed_query(question)
         t1 = time.perf_counter()
-        query_only(store, query_vec, ctx.top_k, text=question, hybrid=hybrid, depth=ctx.candidates, for_signature=False)
+        query_only(store, query_vec, ctx.top_k, text=question, fusion=fusion, depth=ctx.candidates, for_signature=False)
         t2 = time.perf_counter()
         return {"query_embedding": t1 - t0, "e1": t2 - t1, "total": t2 - t0}
 

@@ -116,7 +116,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output folder (default evals/results/<dataset>-<split>[-<length>][-retrieval])")
     p.add_argument("--json", action="store_true", help="print one JSON object with per-system averages")
     p.add_argument("--set", action="append", metavar="[SYSTEM:]KEY=VALUE",
-                   help="a context setting (e.g. alpha=0.2) or ingestion option (chunk_size, overlap, window); repeat")
+                   help="a context setting (e.g. alpha=0.2) or ingestion option (chunk_size, overlap, window, chunker, "
+                        "keep_front_matter); repeat")
     p.add_argument("--sweep", action="append", metavar="[SYSTEM:]KEY=V1,V2",
                    help="run each system once per value, named e.g. mia_rag[alpha=0.2]; several sweeps combine")
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight at once (default 1)")

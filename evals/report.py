@@ -285,7 +285,8 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         own = {k: v for k, v in variant["settings"].items() if k not in shared}
         lines.append(
             f"  - `{variant['name']}`: graph `{variant['graph']}`, {_settings_text(own) or 'no other settings'}; "
-            f"chunks of {ingest['chunk_size']} tokens (overlap {ingest['overlap']}), session window W={ingest['window']} "
+            f"{ingest.get('chunker', 'window')} chunks of {ingest['chunk_size']} tokens (overlap {ingest['overlap']})"
+            f"{'' if ingest.get('keep_front_matter', True) else ', front matter left out'}, session window W={ingest['window']} "
             f"(config {variant['config']})"
         )
     lines += ["", "Command:", "", "```", run["command"], "```", ""]

@@ -43,15 +43,20 @@ from tqdm import tqdm
 from evals import metrics
 from evals.datasets import BUILDERS, Dataset, load_dataset
 from graph import registry
-from nodes.context import Context, context_from
+from nodes.context import Context, coerce_setting, context_from
 from stores.embeddings import load_embedder
 from stores.ingest import IngestOptions, Summarizer, book_id, ingest
 from stores.mindscape import Mindscape
 from stores.settings import mia_home
 
 RECALL_KS = (1, 5, 10, 20)
-INGEST_KEYS = ("chunk_size", "overlap", "window")
+INGEST_KEYS = tuple(f.name for f in fields(IngestOptions) if f.name != "summarizer")
 """Settings that shape the collection rather than the run: changing one means another collection."""
+INGEST_REFERENCE: dict[str, Any] = {"chunker": "window", "keep_front_matter": False, "window_unit": "chunks"}
+"""Ingestion options added after results were first cached, at the values that reproduce the older
+behaviour: left out of fingerprints and collection names at those values, so every earlier run is
+still found, while other values get new ones. Front matter counts as left out: no data set before the
+option held Project Gutenberg markers, so leaving it out changed none of their chunks."""
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -61,7 +66,9 @@ DEFAULT_LENGTH = 32000
 # Context defaults at the time results were first cached, for every field whose default has changed
 # since: a result computed under the old default keeps its fingerprint, and one under the new default
 # gets a new one. Add a line here whenever a Context default changes.
-FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5}
+FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60}
+HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k"})
+"""Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +91,16 @@ class Variant:
         cached result stand for the new one. (Code changes are not tracked: after changing what
         a setting does, write to a new ``--out``.) Settings the graph never reads are left out
         (``graph.registry``), so ``rag`` under α = 0.2 or 0.5 is one configuration, and so is
-        ``infmem`` under either retriever."""
+        ``infmem`` under either retriever, and neither are the fusion's settings under dense
+        retrieval (``HYBRID_ONLY``)."""
         read = registry.settings_read(self.graph) - {"collection"}
+        if self.context.retriever != "hybrid":
+            read -= HYBRID_ONLY
         changed = {
             f.name: getattr(self.context, f.name) for f in fields(Context)
             if f.name in read and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
         }
-        payload = {"graph": self.graph, "context": changed, "ingest": asdict(self.ingest)}
+        payload = {"graph": self.graph, "context": changed, "ingest": ingest_key(self.ingest)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -206,11 +216,12 @@ def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, s
     must be valid Context fields, checked now rather than at the first question."""
     if "collection" in raw:
         raise ValueError("collection is chosen by the runner (one per data set and ingestion options); do not set it")
-    ingest_values = {key: raw[key] for key in INGEST_KEYS if key in raw}
-    try:
-        options = IngestOptions(**{k: int(v) for k, v in ingest_values.items()}, summarizer=summarizer)
-    except ValueError as exc:
-        raise ValueError(f"{name}: ingestion settings {ingest_values} must be integers") from exc
+    kinds = {f.name: f.type for f in fields(IngestOptions)}
+    ingest_values = {
+        key: coerce_setting(kinds[key], raw[key], key) if isinstance(raw[key], str) else raw[key]
+        for key in INGEST_KEYS if key in raw
+    }
+    options = IngestOptions(**ingest_values, summarizer=summarizer)
     options.validate()
     overrides = {k: v for k, v in raw.items() if k not in INGEST_KEYS}
     if retrieval_only:
@@ -298,13 +309,18 @@ def select_questions(questions: Sequence[dict[str, Any]], limit: int | None) -> 
 # --------------------------------------------------------------------------- collections
 
 
+def ingest_key(options: IngestOptions) -> dict[str, Any]:
+    """The ingestion options as fingerprints and collection names see them (``INGEST_REFERENCE``)."""
+    return {k: v for k, v in asdict(options).items() if k not in INGEST_REFERENCE or v != INGEST_REFERENCE[k]}
+
+
 def collection_name(part: Part, options: IngestOptions, embedder: str, book: str | None) -> str:
     """A stable name for (data set, ingestion options, embedder[, book]): equal inputs share one
     collection across runs, different ones never collide. Content changes are caught by ingestion's
     own per-book hashes, so the name need not hash the text."""
     manifest = part.dataset.manifest
     key = json.dumps(
-        [manifest["name"], manifest["split"], manifest["seed"], manifest["params"], asdict(options), embedder, book],
+        [manifest["name"], manifest["split"], manifest["seed"], manifest["params"], ingest_key(options), embedder, book],
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -568,8 +584,8 @@ def run_eval(
     """Run every question for every variant (resuming from ``out/results.jsonl``), then write
     ``run.json``, ``summary.json`` and the report into ``out``.
 
-    ``settings`` and ``sweeps`` take Context fields and the ingestion options chunk_size, overlap
-    and window; a key written ``SYSTEM:KEY`` applies to that system only. ``length`` is the
+    ``settings`` and ``sweeps`` take Context fields and the ingestion options (``INGEST_KEYS``);
+    a key written ``SYSTEM:KEY`` applies to that system only. ``length`` is the
     multihop-synth target length in tokens; several lengths make one data set each. ``command`` is
     what the report names as the command that made it (default: this process's command line).
     ``reuse`` names earlier runs' output folders whose results stand in for identical jobs here.

@@ -53,6 +53,12 @@ class Context:
     retriever: Retriever = _setting(
         "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion (measured best, issue 8). dense: the embedder alone, as in the paper.", group="retrieval"
     )
+    bm25_weight: float = _setting(
+        3.0, "Hybrid retrieval: weight of BM25's ranking in the reciprocal rank fusion, the dense ranking's being 1 (chosen on the validation split; 1 is plain RRF).", group="retrieval"
+    )
+    rrf_k: int = _setting(
+        10, "Hybrid retrieval: k of the reciprocal rank fusion, w/(k + rank); smaller trusts the top ranks more (chosen on the validation split; RRF's usual is 60).", group="retrieval"
+    )
     k0: int = _setting(50, "Step-0 query-only candidates (K0) from which the signature is selected.", group="signature")
     k_sum: int = _setting(5, "Summaries in the signature (K_sum).", group="signature")
     signature_init: SignatureInit = _setting(
@@ -97,10 +103,10 @@ class Context:
             value = getattr(self, f.name)
             raw = os.environ.get(f"MIA_{f.name.upper()}")
             if raw is not None and value == f.default:
-                setattr(self, f.name, _coerce(f.type, raw, f.name))
+                setattr(self, f.name, coerce_setting(f.type, raw, f.name))
             elif isinstance(value, str) and f.type in ("int", "float", "bool"):
                 # API payloads and Studio forms may send numbers as strings.
-                setattr(self, f.name, _coerce(f.type, value, f.name))
+                setattr(self, f.name, coerce_setting(f.type, value, f.name))
         self.validate()
 
     def validate(self) -> None:
@@ -108,6 +114,8 @@ class Context:
         checks = [
             (self.top_k >= 1, "top_k must be at least 1"),
             (self.k0 >= 1, "k0 must be at least 1"),
+            (self.bm25_weight >= 0, "bm25_weight must be non-negative"),
+            (self.rrf_k >= 0, "rrf_k must be non-negative"),
             (self.k_sum >= 1, "k_sum must be at least 1"),
             (0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]"),
             (min(self.lambda_q, self.lambda_c, self.lambda_d) >= 0, "lambda_q, lambda_c and lambda_d must be non-negative"),
@@ -131,17 +139,26 @@ class Context:
                 raise ValueError(f"invalid setting: {name} must be one of {', '.join(get_args(kind))}, got {getattr(self, name)!r}")
 
 
-def _coerce(kind: str, raw: str, name: str) -> Any:
-    """Convert an environment or CLI string to the field's type (annotations are strings here)."""
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def coerce_setting(kind: str, raw: str, name: str) -> Any:
+    """Convert an environment or CLI string to the field's type (annotations are strings here).
+
+    Booleans are strict: a typo such as ``maybe`` must not quietly read as False."""
     try:
         if kind == "bool":
-            return raw.strip().lower() in ("1", "true", "yes", "on")
+            word = raw.strip().lower()
+            if word not in _TRUE + _FALSE:
+                raise ValueError(word)
+            return word in _TRUE
         if kind == "int":
             return int(raw)
         if kind == "float":
             return float(raw)
     except ValueError as exc:
-        raise ValueError(f"setting {name}={raw!r} is not a valid {kind}") from exc
+        expected = f"one of {'/'.join(_TRUE + _FALSE)}" if kind == "bool" else f"a valid {kind}"
+        raise ValueError(f"setting {name}={raw!r} is not {expected}") from exc
     return raw
 
 
@@ -152,6 +169,6 @@ def context_from(overrides: dict[str, Any] | None = None) -> Context:
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    values = {k: _coerce(known[k].type, v, k) if isinstance(v, str) else v for k, v in overrides.items()}
+    values = {k: coerce_setting(known[k].type, v, k) if isinstance(v, str) else v for k, v in overrides.items()}
     return Context(**values)
 

@@ -15,7 +15,7 @@ from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of
 from nodes.context import Context
-from nodes.retrieval import as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import Fusion, as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
 from stores.mindscape import ChunkHit
@@ -79,7 +79,7 @@ def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     store = resources.mindscape(ctx)
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
-    hits = query_only(store, query_vec, ctx.top_k, text=state["question"], hybrid=ctx.retriever == "hybrid",
+    hits = query_only(store, query_vec, ctx.top_k, text=state["question"], fusion=Fusion.of(ctx),
                       depth=ctx.candidates, for_signature=False)
     return {"retrieved": as_scored(hits, query_vec)}
 
@@ -93,7 +93,7 @@ def initial_signature(question: str, ctx: Context, default: str) -> dict[str, An
     """σ_0 and the step-0 ranking; ``default`` is the InitSignature variant used when the context says auto."""
     store = resources.mindscape(ctx)
     query_vec = resources.embedder(ctx, store).embed_query(question)
-    step0 = query_only(store, query_vec, ctx.k0, text=question, hybrid=ctx.retriever == "hybrid", depth=ctx.candidates)
+    step0 = query_only(store, query_vec, ctx.k0, text=question, fusion=Fusion.of(ctx), depth=ctx.candidates)
     return {"step0": as_scored(step0, query_vec), "signature": select_signature(store, question, query_vec, step0, ctx, default)}
 
 
@@ -139,7 +139,7 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[s
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]
-    fusion = {"text": state["question"], "hybrid": ctx.retriever == "hybrid"}
+    fusion = {"text": state["question"], "fusion": Fusion.of(ctx)}
     if ctx.sig_strategy == "prior":
         weights = signature_weights(store, query_vec, summary_ids, ctx.prior_weights, ctx.prior_temperature, state.get("step0") or [])
         hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates, **fusion)

@@ -6,11 +6,12 @@ e_σ), so the top of the ranking over the WHOLE collection is one nearest-neighb
 v = (1 − α)·e_q + α·e_σ. The candidates it returns are then rescored exactly, which also undoes
 any approximation of the vector index within the candidate set.
 
-With ``retriever=hybrid`` every ranking is fused with BM25 over the chunk texts (reciprocal rank
-fusion, k = 60): the lexical hits join the candidate set, are scored exactly like the dense
+With ``retriever=hybrid`` every ranking is fused with BM25 over the chunk texts (weighted reciprocal
+rank fusion, ``Fusion``): the lexical hits join the candidate set, are scored exactly like the dense
 candidates, and the final order is the fusion of the exact dense ranking and the BM25 ranking.
 On the fairy-tale series set the dense step 0 misses stories that a name or a rare word would
-find (evals/results/signature-payoff); BM25 is what finds them.
+find (evals/results/signature-payoff); BM25 is what finds them, and plain RRF (k = 60, equal
+weights) let the weaker dense ranking pull the fused one below BM25 alone, hence the weights.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nodes.context import PriorWeights, SigStrategy
+from nodes.context import Context, PriorWeights, SigStrategy
 from stores.bm25 import ChunkIndex
 from stores.embeddings import Embedder
 from stores.mindscape import ChunkHit, Mindscape, MindscapeError
@@ -40,12 +41,30 @@ class Scored:
 RRF_K = 60
 
 
-def reciprocal_rank_fusion(*rankings: Sequence[str], k: int = RRF_K) -> list[tuple[str, float]]:
-    """(id, Σ 1/(k + rank)) over the rankings (ranks from 1), best first; ties keep first-seen order."""
+@dataclass(frozen=True)
+class Fusion:
+    """How a dense ranking and BM25's are fused: a chunk scores 1/(k + r_dense) + w/(k + r_bm25)."""
+
+    bm25_weight: float = 1.0
+    k: int = RRF_K
+
+    @classmethod
+    def of(cls, ctx: Context) -> Fusion | None:
+        """The context's fusion, or None for dense retrieval."""
+        return cls(ctx.bm25_weight, ctx.rrf_k) if ctx.retriever == "hybrid" else None
+
+    def fuse(self, dense: Sequence[str], bm25: Sequence[str]) -> list[tuple[str, float]]:
+        return reciprocal_rank_fusion(dense, bm25, k=self.k, weights=(1.0, self.bm25_weight))
+
+
+def reciprocal_rank_fusion(*rankings: Sequence[str], k: int = RRF_K,
+                           weights: Sequence[float] | None = None) -> list[tuple[str, float]]:
+    """(id, Σ w/(k + rank)) over the rankings (ranks from 1; every w 1 unless given), best first;
+    ties keep first-seen order."""
     fused: dict[str, float] = {}
-    for ranking in rankings:
+    for ranking, weight in zip(rankings, weights or [1.0] * len(rankings)):
         for rank, id_ in enumerate(ranking, start=1):
-            fused[id_] = fused.get(id_, 0.0) + 1.0 / (k + rank)
+            fused[id_] = fused.get(id_, 0.0) + weight / (k + rank)
     return sorted(fused.items(), key=lambda item: -item[1])
 
 
@@ -54,19 +73,19 @@ def lexical(store: Mindscape, text: str, depth: int) -> list[str]:
     return ChunkIndex.for_collection(store).search(text, depth)
 
 
-def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", hybrid: bool = False,
+def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", fusion: Fusion | None = None,
                depth: int = 100, for_signature: bool = True) -> list[ChunkHit]:
     """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next.
 
-    ``hybrid`` fuses the dense ranking of ``max(k, depth)`` candidates with BM25's ranking of
-    ``text``; a hit's score is then its fused score (its cosine stays available as s_qry).
+    With a ``fusion``, the dense ranking of ``max(k, depth)`` candidates is fused with BM25's ranking
+    of ``text``; a hit's score is then its fused score (its cosine stays available as s_qry).
     """
-    if not hybrid:
+    if fusion is None:
         return store.search_chunks(query_vec, k, vectors=for_signature, owners=for_signature)
     depth = max(k, depth)
     dense = store.search_chunks(query_vec, depth, vectors=True)
     by_id = {h.id: h for h in dense}
-    fused = reciprocal_rank_fusion([h.id for h in dense], lexical(store, text, depth))[:k]
+    fused = fusion.fuse([h.id for h in dense], lexical(store, text, depth))[:k]
     missing = [i for i, _ in fused if i not in by_id]
     for id_, vector in zip(missing, store.vectors("chunks", missing) if missing else []):
         by_id[id_] = ChunkHit(id_, float(vector @ query_vec), "", vector)
@@ -82,13 +101,13 @@ def as_scored(hits: Sequence[ChunkHit], query_vec: np.ndarray) -> list[dict[str,
 
 
 def _ranked(ids: Sequence[str], score: np.ndarray, s_qry: np.ndarray, s_sig: np.ndarray, k: int,
-            bm25: Sequence[str]) -> list[Scored]:
-    """The top k by exact score, or by its fusion with the BM25 ranking ``bm25`` when one is given."""
+            bm25: Sequence[str], fusion: Fusion | None) -> list[Scored]:
+    """The top k by exact score, or by its fusion with the BM25 ranking ``bm25`` under ``fusion``."""
     order = np.argsort(-score, kind="stable")
-    if not bm25:
+    if fusion is None:
         return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(s_sig[i])) for i in order[:k]]
     row = {id_: n for n, id_ in enumerate(ids)}
-    fused = reciprocal_rank_fusion([ids[i] for i in order], bm25)[:k]
+    fused = fusion.fuse([ids[i] for i in order], bm25)[:k]
     return [Scored(i, f, float(s_qry[row[i]]), float(s_sig[row[i]])) for i, f in fused]
 
 
@@ -130,11 +149,11 @@ def signature_vector(
 
 def dual_signal(
     store: Mindscape, query_vec: np.ndarray, sig_vec: np.ndarray, alpha: float, k: int, candidates: int,
-    *, text: str = "", hybrid: bool = False,
+    *, text: str = "", fusion: Fusion | None = None,
 ) -> list[Scored]:
     """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring);
-    ``hybrid`` fuses it with BM25's ranking of ``text`` (whose hits are scored exactly too)."""
-    bm25 = lexical(store, text, max(k, candidates)) if hybrid else []
+    a ``fusion`` fuses it with BM25's ranking of ``text`` (whose hits are scored exactly too)."""
+    bm25 = lexical(store, text, max(k, candidates)) if fusion else []
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
     hits = store.search_chunks(mixed, max(k, candidates), vectors=True)
     ids = [h.id for h in hits]
@@ -147,7 +166,7 @@ def dual_signal(
     s_qry = vectors @ query_vec
     s_sig = vectors @ sig_vec
     score = (1.0 - alpha) * s_qry + alpha * s_sig
-    return _ranked(ids, score, s_qry, s_sig, k, bm25)
+    return _ranked(ids, score, s_qry, s_sig, k, bm25, fusion)
 
 
 def prior_weights(relevance: Sequence[float], temperature: float) -> np.ndarray:
@@ -209,7 +228,7 @@ def membership_prior(
     candidates: int,
     *,
     text: str = "",
-    hybrid: bool = False,
+    fusion: Fusion | None = None,
 ) -> list[Scored]:
     """Top-k chunks under ``prior_scores``, scored exactly over E1 top-``candidates`` ∪ every chunk
     of the signature's sessions.
@@ -217,10 +236,10 @@ def membership_prior(
     s_sig is a step function of the chunk's session, not a linear function of its vector, so one
     interpolated vector search cannot find the top of the ranking; but a chunk outside both sets
     has s_sig = 0 and a query score below the E1 cut, so it cannot outrank the candidates' top k
-    (when k ≤ candidates). ``hybrid``: BM25's hits for ``text`` join the set and the exact order is
-    fused with BM25's ranking.
+    (when k ≤ candidates). With a ``fusion``, BM25's hits for ``text`` join the set and the exact
+    order is fused with BM25's ranking.
     """
-    bm25 = lexical(store, text, max(k, candidates)) if hybrid else []
+    bm25 = lexical(store, text, max(k, candidates)) if fusion else []
     hits = store.search_chunks(query_vec, max(k, candidates))
     ids = list(dict.fromkeys([h.id for h in hits] + list(bm25)))
     owners: list[str | None] = [o or None for o in store.summary_of(ids)]
@@ -237,7 +256,7 @@ def membership_prior(
         return []
     s_qry = store.vectors("chunks", ids) @ np.asarray(query_vec, dtype=np.float32)
     score, s_sig, _ = prior_scores(s_qry, owners, weights, alpha, gate)
-    return _ranked(ids, score, s_qry, s_sig, k, bm25)
+    return _ranked(ids, score, s_qry, s_sig, k, bm25, fusion)
 
 
 def signature_weights(

@@ -77,7 +77,7 @@ def source_text(store: Mindscape) -> str:
     InfMem and MemAgent stream and search this one text, so both see the books in the same order
     and character offsets mean the same thing to the streamer and to the index.
     """
-    return "\n\n".join(f"# {book}\n\n{store.book_text(book).strip()}" for book in store.ordered_books())
+    return "\n\n".join(f"# {book}\n\n{store.book_body(book).strip()}" for book in store.ordered_books())
 
 
 def window_spans(text: str, window: int, overlap: int) -> list[tuple[int, int]]:

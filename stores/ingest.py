@@ -20,8 +20,9 @@ from langchain_core.language_models import BaseChatModel
 from tqdm import tqdm
 
 from stores import summaries as summ
-from stores.chunking import Chunk, chunk_text
+from stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
 from stores.embeddings import Embedder
+from stores.front_matter import find_body
 from stores.mindscape import Mindscape, MindscapeError, chroma_client, list_mindscapes, validate_name
 from stores.summaries import SummaryCache
 from stores.tokens import count_tokens
@@ -29,6 +30,7 @@ from stores.tokens import count_tokens
 SUPPORTED_SUFFIXES = (".txt", ".md")
 EMBED_BATCH = 64
 Summarizer = Literal["llm", "extractive", "none"]
+WindowUnit = Literal["chunks", "tokens"]
 
 
 class InputError(ValueError):
@@ -48,6 +50,9 @@ class IngestOptions:
     overlap: int = 0
     window: int = 20
     summarizer: Summarizer = "llm"
+    chunker: Chunker = "window"
+    keep_front_matter: bool = False
+    window_unit: WindowUnit = "chunks"
 
     def validate(self) -> None:
         if self.chunk_size <= 0:
@@ -58,6 +63,10 @@ class IngestOptions:
             raise InputError(f"--window must be positive, got {self.window}")
         if self.summarizer not in ("llm", "extractive", "none"):
             raise InputError(f"--summarizer must be llm, extractive or none, got {self.summarizer!r}")
+        if self.window_unit not in ("chunks", "tokens"):
+            raise InputError(f"--window-unit must be chunks or tokens, got {self.window_unit!r}")
+        if self.chunker not in CHUNKERS:
+            raise InputError(f"--chunker must be one of {', '.join(CHUNKERS)}, got {self.chunker!r}")
 
 
 @dataclass
@@ -118,8 +127,16 @@ def collect_sources(paths: Sequence[str | Path]) -> list[Source]:
     return sources
 
 
-def _book_hash(source: Source, options: IngestOptions, embedder: str, summary_method: str) -> str:
-    key = f"{options.chunk_size}|{options.overlap}|{options.window}|{embedder}|{summary_method}\n{source.text}"
+def _book_hash(source: Source, options: IngestOptions, body: tuple[int, int], embedder: str, summary_method: str) -> str:
+    """What the book's rows depend on. The options added later enter the key only where they change
+    the rows (another chunker, windows counted in tokens, front matter left out of this file), so a
+    book ingested before they existed, whose rows they leave as they were, is not rewritten."""
+    extra = "".join([
+        f"|chunker={options.chunker}" if options.chunker != "window" else "",
+        f"|window_unit={options.window_unit}" if options.window_unit != "chunks" else "",
+        f"|body={body[0]}-{body[1]}" if body != (0, len(source.text)) else "",
+    ])
+    key = f"{options.chunk_size}|{options.overlap}|{options.window}|{embedder}|{summary_method}{extra}\n{source.text}"
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -168,7 +185,7 @@ def ingest(
     report = IngestReport(collection=collection)
     mindscape = existing
     for source in tqdm(sources, desc="books", unit="book", disable=not progress or len(sources) < 2):
-        digest = _book_hash(source, options, embedder.name, method)
+        digest = _book_hash(source, options, book_span(source.text, options), embedder.name, method)
         record = records.get(source.book)
         if record and record.get("hash") == digest:
             report.books_unchanged.append(source.book)
@@ -190,11 +207,51 @@ def _model_name(llm: BaseChatModel | None) -> str:
     return chat_model_name(llm) if llm is not None else ""
 
 
+def book_span(text: str, options: IngestOptions) -> tuple[int, int]:
+    """The part of the file that is chunked: all of it, or what lies between Project Gutenberg's
+    header and footer unless they are kept."""
+    if options.keep_front_matter:
+        return 0, len(text)
+    found = find_body(text)
+    return found.start, found.end
+
+
+def chunk_book(text: str, options: IngestOptions, embedder: Embedder) -> tuple[tuple[int, int], list[Chunk]]:
+    """The span of the book that is chunked (without Project Gutenberg's header and footer unless
+    they are kept) and its chunks, each within the embedder's input limit."""
+    body = book_span(text, options)
+    chunks = chunk_text(
+        text, options.chunk_size, options.overlap, chunker=options.chunker, span=body,
+        max_model_tokens=embedder.max_tokens, count_model_tokens=embedder.count_tokens,
+    )
+    return body, chunks
+
+
+def session_windows(chunks: list[Chunk], options: IngestOptions) -> list[list[Chunk]]:
+    """The chunks of each session summary, in order: W chunks each, or, counted in tokens, as many
+    consecutive chunks as fit in W × chunk_size tokens (never none), so that a summary covers the
+    same length of text whether the chunks came out long or short."""
+    if options.window_unit == "chunks":
+        return [chunks[i : i + options.window] for i in range(0, len(chunks), options.window)]
+    budget = options.window * options.chunk_size
+    windows: list[list[Chunk]] = []
+    total = 0
+    for chunk in chunks:
+        if not windows or total + chunk.tokens > budget:
+            windows.append([])
+            total = 0
+        windows[-1].append(chunk)
+        total += chunk.tokens
+    return windows
+
+
 @dataclass(frozen=True)
 class _PreparedBook:
     """Everything computed for a book before the first write: chunks, summaries and their vectors."""
 
     chunks: list[Chunk]
+    body: tuple[int, int]
+    """The span chunked: the whole text, or the text between Project Gutenberg's header and footer."""
     chunk_vectors: np.ndarray
     windows: list[list[Chunk]]
     summary_texts: list[str]
@@ -206,17 +263,14 @@ def _prepare_book(
     cache: SummaryCache, report: IngestReport, progress: bool,
 ) -> _PreparedBook:
     clock = time.perf_counter()
-    chunks = chunk_text(
-        source.text, options.chunk_size, options.overlap,
-        max_model_tokens=embedder.max_tokens, count_model_tokens=embedder.count_tokens,
-    )
+    body, chunks = chunk_book(source.text, options, embedder)
     report.seconds["chunking"] += time.perf_counter() - clock
 
     clock = time.perf_counter()
     chunk_vectors = _embed(embedder, [c.text for c in chunks], f"embedding {source.book}", progress)
     report.seconds["embedding"] += time.perf_counter() - clock
 
-    windows = [chunks[i : i + options.window] for i in range(0, len(chunks), options.window)] if options.summarizer != "none" else []
+    windows = session_windows(chunks, options) if options.summarizer != "none" else []
     summary_texts: list[str] = []
     clock = time.perf_counter()
     for j, window in enumerate(tqdm(windows, desc=f"summarising {source.book}", unit="window", disable=not progress, leave=False)):
@@ -230,8 +284,7 @@ def _prepare_book(
             report.llm_calls += 1
             cache.put(key, text)
         else:
-            rows = slice(j * options.window, j * options.window + len(window))
-            text = summ.extractive_summary([c.text for c in window], chunk_vectors[rows])
+            text = summ.extractive_summary([c.text for c in window], chunk_vectors[window[0].index : window[-1].index + 1])
             cache.put(key, text)
         summary_texts.append(text or window_text[:500])
     report.seconds["summarising"] += time.perf_counter() - clock
@@ -239,7 +292,7 @@ def _prepare_book(
     clock = time.perf_counter()
     summary_vectors = _embed(embedder, summary_texts, f"embedding summaries {source.book}", progress)
     report.seconds["embedding"] += time.perf_counter() - clock
-    return _PreparedBook(chunks, chunk_vectors, windows, summary_texts, summary_vectors)
+    return _PreparedBook(chunks, body, chunk_vectors, windows, summary_texts, summary_vectors)
 
 
 def _write_book(
@@ -250,7 +303,8 @@ def _write_book(
     clock = time.perf_counter()
     chunks, windows = prepared.chunks, prepared.windows
     summary_ids = [f"{source.book}:s{j:05d}" for j in range(len(windows))]
-    chunk_meta = [_chunk_metadata(mindscape.name, source.book, order, c, summary_ids[c.index // options.window] if windows else "") for c in chunks]
+    owner = {c.index: summary_ids[j] for j, window in enumerate(windows) for c in window}
+    chunk_meta = [_chunk_metadata(mindscape.name, source.book, order, c, owner.get(c.index, "")) for c in chunks]
     mindscape.delete_book_rows(source.book)
     mindscape.upsert("chunks", [f"{source.book}:c{c.index:06d}" for c in chunks], prepared.chunk_vectors, [c.text for c in chunks], chunk_meta)
     if windows:
@@ -260,11 +314,14 @@ def _write_book(
             for j, w in enumerate(windows)
         ]
         mindscape.upsert("summaries", summary_ids, prepared.summary_vectors, prepared.summary_texts, summary_meta)
-    tokens = count_tokens(source.text)
+    start, end = prepared.body
+    tokens = count_tokens(source.text[start:end])
     mindscape.commit_book(source.book, source.text, {
         "order": order, "hash": digest, "file": source.path.name, "chunks": len(chunks), "summaries": len(windows),
         "tokens": tokens, "chunk_size": options.chunk_size, "overlap": options.overlap, "window": options.window,
-        "summarizer": method,
+        "summarizer": method, "chunker": options.chunker, "body_start": start, "body_end": end,
+        "window_unit": options.window_unit, "window_starts": ",".join(str(w[0].index) for w in windows),
+        "left_out_tokens": count_tokens(source.text[:start]) + count_tokens(source.text[end:]),
     })
     report.seconds["writing"] += time.perf_counter() - clock
     report.books_written.append(source.book)

@@ -9,6 +9,7 @@ summaries of a book without a matching row are leftovers of an interrupted run a
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -125,6 +126,15 @@ class Mindscape:
             raise MindscapeError(f"collection {self.name!r} has no book {book!r}")
         return got["documents"][0]
 
+    def book_body(self, book: str) -> str:
+        """The book without its Project Gutenberg header and footer (as chunked), for the streaming
+        agents; books ingested before front matter was recognised have no span and are whole."""
+        got = self.books.get(ids=[book], include=["documents", "metadatas"])
+        if not got["ids"]:
+            raise MindscapeError(f"collection {self.name!r} has no book {book!r}")
+        text, record = got["documents"][0], got["metadatas"][0]
+        return text[int(record.get("body_start", 0)) : int(record.get("body_end", len(text)))]
+
     def ordered_books(self) -> list[str]:
         records = self.book_records()
         return sorted(records, key=lambda b: records[b]["order"])
@@ -218,15 +228,21 @@ class Mindscape:
 
     def summary_of(self, chunk_ids: Sequence[str]) -> list[str]:
         """π(c) of each chunk, from its id and its book's commit row: ingestion names chunk i of a
-        book ``BOOK:c{i:06d}`` and its session ``BOOK:s{i // window:05d}`` (the chunk's
-        ``summary_id`` metadata holds the same value). "" for a book without summaries or not committed."""
+        book ``BOOK:c{i:06d}`` and its session ``BOOK:s{j:05d}``, j the last window starting at or
+        before i (the row's ``window_starts``; ``i // window`` for books ingested before windows could
+        be counted in tokens). The chunk's ``summary_id`` metadata holds the same value. "" for a book
+        without summaries or not committed."""
         self.version()  # reads the commit rows once per instance
         out = []
         for chunk_id in chunk_ids:
             book, _, index = chunk_id.rpartition(":c")
             record = self._books.get(book)
-            has_sessions = record is not None and int(record.get("summaries", 0)) > 0
-            out.append(f"{book}:s{int(index) // int(record['window']):05d}" if has_sessions else "")
+            if record is None or int(record.get("summaries", 0)) == 0:
+                out.append("")
+                continue
+            starts = _window_starts(record)
+            window = bisect.bisect_right(starts, int(index)) - 1 if starts else int(index) // int(record["window"])
+            out.append(f"{book}:s{window:05d}")
         return out
 
     def stats(self) -> dict[str, Any]:
@@ -236,7 +252,8 @@ class Mindscape:
             "embedder": self.embedder,
             "books": [
                 {"book": b, "order": records[b]["order"], "chunks": records[b]["chunks"],
-                 "summaries": records[b]["summaries"], "tokens": records[b]["tokens"]}
+                 "summaries": records[b]["summaries"], "tokens": records[b]["tokens"],
+                 "chunker": records[b].get("chunker", "window"), "left_out_tokens": records[b].get("left_out_tokens", 0)}
                 for b in sorted(records, key=lambda b: records[b]["order"])
             ],
             "chunks": self.chunks.count(),
@@ -268,6 +285,16 @@ class Mindscape:
         self._books = None
         # The books collection holds no meaningful vector; a constant unit vector keeps Chroma happy.
         self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[metadata])
+
+
+def _window_starts(record: dict[str, Any]) -> tuple[int, ...]:
+    return _parse_starts(str(record.get("window_starts", "")))
+
+
+@lru_cache(maxsize=4096)
+def _parse_starts(joined: str) -> tuple[int, ...]:
+    """Parsed once per distinct row: ``summary_of`` runs on every retrieval."""
+    return tuple(int(i) for i in joined.split(",")) if joined else ()
 
 
 def delete_mindscape(name: str, client: Any | None = None) -> None:

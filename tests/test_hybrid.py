@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from nodes.context import Context
-from nodes.retrieval import RRF_K, dual_signal, lexical, query_only, reciprocal_rank_fusion
+from nodes.retrieval import RRF_K, Fusion, dual_signal, lexical, query_only, reciprocal_rank_fusion
 from stores.bm25 import ChunkIndex, tokenize
 from tests.conftest import requires_data
 
@@ -31,6 +31,17 @@ def test_fusion_by_hand() -> None:
     assert [i for i, _ in reciprocal_rank_fusion(["x", "y"], ["y", "x"])] == ["x", "y"]
     assert reciprocal_rank_fusion(["a", "b"], []) == reciprocal_rank_fusion(["a", "b"])
     assert reciprocal_rank_fusion() == []
+
+
+def test_weighted_fusion_by_hand() -> None:
+    """Fusion(w, k): 1/(k + r_dense) + w/(k + r_bm25); a heavy BM25 weight lets its top hit win."""
+    fused = dict(Fusion(bm25_weight=3.0, k=2).fuse(["a", "b", "c"], ["c", "a"]))
+    assert fused == pytest.approx({"a": 1 / 3 + 3 / 4, "b": 1 / 4, "c": 1 / 5 + 3 / 3})
+    assert [i for i, _ in Fusion(3.0, 2).fuse(["a", "b", "c"], ["c", "a"])] == ["c", "a", "b"]
+    assert Fusion().fuse(["a", "b"], ["b"]) == reciprocal_rank_fusion(["a", "b"], ["b"])  # plain RRF
+    assert [i for i, _ in Fusion(0.0, 60).fuse(["a", "b"], ["b", "z"])][:2] == ["a", "b"]  # weight 0: dense order
+    assert Fusion.of(Context(retriever="dense")) is None
+    assert Fusion.of(Context(retriever="hybrid", bm25_weight=2.5, rrf_k=7)) == Fusion(2.5, 7)
 
 
 def _brute_bm25(store: Any, text: str) -> list[str]:
@@ -67,7 +78,7 @@ def test_hybrid_query_only_is_the_fusion_of_exact_rankings(tiny_collection, mini
     bm25 = lexical(store, QUESTION, depth)
     dense = [h.id for h in store.search_chunks(query_vec, depth)]
     expected = reciprocal_rank_fusion(_exact_dense(store, dense, query_vec), bm25)
-    hits = query_only(store, query_vec, 8, text=QUESTION, hybrid=True, depth=depth)
+    hits = query_only(store, query_vec, 8, text=QUESTION, fusion=Fusion(), depth=depth)
     assert [h.id for h in hits] == [i for i, _ in expected[:8]]
     assert [h.score for h in hits] == pytest.approx([s for _, s in expected[:8]])
     # BM25-only hits carry what InitSignature needs: their session and their vector.
@@ -85,7 +96,7 @@ def test_hybrid_eq4_fuses_exact_scores_over_dense_and_lexical_candidates(tiny_co
     query_vec = minilm.embed_query(QUESTION)
     sig_vec = store.vectors("summaries", [store.summaries.get()["ids"][0]])[0]
     bm25 = lexical(store, QUESTION, 10)  # BM25 to the same depth as the dense side, max(k, candidates)
-    hits = dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=6, text=QUESTION, hybrid=True)
+    hits = dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=6, text=QUESTION, fusion=Fusion())
     mixed = 0.5 * query_vec + 0.5 * sig_vec
     pool = list(dict.fromkeys([h.id for h in store.search_chunks(mixed, 10)] + bm25))  # max(k, candidates) dense
     expected = reciprocal_rank_fusion(_exact_dense(store, pool, mixed), bm25)[:10]
@@ -105,16 +116,16 @@ def test_graphs_use_the_hybrid_ranking(graph: str, tiny_collection, minilm, cli)
     state = json.loads(result.out)
     store = tiny_collection.store
     query_vec = minilm.embed_query(QUESTION)
-    depth = Context().candidates
+    depth, fusion = Context().candidates, Fusion.of(Context())
     if graph == "rag":
-        expected = [h.id for h in query_only(store, query_vec, 5, text=QUESTION, hybrid=True, depth=depth)]
+        expected = [h.id for h in query_only(store, query_vec, 5, text=QUESTION, fusion=fusion, depth=depth)]
     else:
-        step0 = query_only(store, query_vec, Context().k0, text=QUESTION, hybrid=True, depth=depth)
+        step0 = query_only(store, query_vec, Context().k0, text=QUESTION, fusion=fusion, depth=depth)
         assert [r["id"] for r in state["step0"]] == [h.id for h in step0]
         from nodes.retrieval import signature_vector
 
         sig_vec, _ = signature_vector("centroid", store, minilm, QUESTION, [s["id"] for s in state["signature"]])
-        expected = [h.id for h in dual_signal(store, query_vec, sig_vec, Context().alpha, 5, depth, text=QUESTION, hybrid=True)]
+        expected = [h.id for h in dual_signal(store, query_vec, sig_vec, Context().alpha, 5, depth, text=QUESTION, fusion=fusion)]
     assert [r["id"] for r in state["retrieved"]] == expected
 
 

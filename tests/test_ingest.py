@@ -326,6 +326,92 @@ def test_changed_options_rewrite_the_book(client, books, cache, minilm) -> None:
     assert_complete(Mindscape("shelf", client), texts_of(books), coarser.window)
 
 
+def test_switching_the_chunker_rewrites_the_book_and_leaves_nothing_stale(client, books, cache, minilm) -> None:
+    windows = IngestOptions(chunk_size=80, window=3, summarizer="extractive", chunker="window")
+    ingest(books, "shelf", minilm, options=windows, client=client, cache=cache, progress=False)
+    before = set(Mindscape("shelf", client).chunks.get()["ids"])
+    structured = IngestOptions(chunk_size=80, window=3, summarizer="extractive", chunker="structure")
+    report = ingest(books, "shelf", minilm, options=structured, client=client, cache=cache, progress=False)
+    assert report.books_written == [book_id(p) for p in books]
+    store = Mindscape("shelf", client)
+    assert_complete(store, texts_of(books), structured.window)
+    assert {r["chunker"] for r in store.book_records().values()} == {"structure"}
+    assert set(store.chunks.get()["ids"]) != before  # different cuts, and only the new ones remain
+
+
+def test_windows_counted_in_tokens_cover_at_most_their_budget(client, books, cache, minilm) -> None:
+    options = IngestOptions(chunk_size=80, window=3, summarizer="extractive", window_unit="tokens")
+    ingest(books, "shelf", minilm, options=options, client=client, cache=cache, progress=False)
+    store = Mindscape("shelf", client)
+    for book in store.ordered_books():
+        ids = store.book_chunk_ids(book)
+        chunks = store.chunk_records(ids, documents=False)
+        windows = store.summary_records(sorted({c["summary_id"] for c in chunks}))
+        assert [w["first_chunk"] for w in windows] == [0] + [w["last_chunk"] + 1 for w in windows[:-1]]
+        assert windows[-1]["last_chunk"] == len(chunks) - 1
+        for w in windows:
+            members = chunks[w["first_chunk"] : w["last_chunk"] + 1]
+            assert len(members) == 1 or sum(c["tokens"] for c in members) <= 3 * 80
+            if w["last_chunk"] + 1 < len(chunks):  # the next chunk would not have fitted
+                assert sum(c["tokens"] for c in members) + chunks[w["last_chunk"] + 1]["tokens"] > 3 * 80
+        # pi(c) from the commit row agrees with every chunk's stored summary id.
+        assert store.summary_of(ids) == [c["summary_id"] for c in chunks]
+
+
+def test_books_ingested_before_the_newer_options_keep_their_hash(books) -> None:
+    """Options added later enter a book's hash only where they change its rows, so upgrading does not
+    rewrite every collection: the default options hash a plain text exactly as before they existed."""
+    import hashlib
+
+    from stores.ingest import Source, _book_hash, book_span
+
+    text = books[0].read_text(encoding="utf-8")
+    source = Source(books[0], book_id(books[0]), text)
+    legacy = hashlib.sha256(f"200|0|20|minilm|extractive\n{text}".encode()).hexdigest()
+    options = IngestOptions(summarizer="extractive")
+    assert _book_hash(source, options, book_span(text, options), "minilm", "extractive") == legacy
+    for changed in (IngestOptions(summarizer="extractive", chunker="structure"),
+                    IngestOptions(summarizer="extractive", window_unit="tokens")):
+        assert _book_hash(source, changed, book_span(text, changed), "minilm", "extractive") != legacy
+    wrapped = Source(books[0], source.book, GUTENBERG_HEADER + text + GUTENBERG_FOOTER)
+    stripped, kept = book_span(wrapped.text, options), (0, len(wrapped.text))
+    assert stripped != kept and _book_hash(wrapped, options, stripped, "m", "e") != _book_hash(wrapped, options, kept, "m", "e")
+
+
+GUTENBERG_HEADER = (
+    "The Project Gutenberg eBook of Two Tales\n\nThis ebook is for the use of anyone anywhere in the United "
+    "States and most other parts of the world at no cost.\n\nTitle: Two Tales\n\n"
+    "*** START OF THE PROJECT GUTENBERG EBOOK TWO TALES ***\n\n\n"
+)
+GUTENBERG_FOOTER = (
+    "\n\n*** END OF THE PROJECT GUTENBERG EBOOK TWO TALES ***\n\nUpdated editions will replace the previous "
+    "one. Creating the works from print editions not protected by U.S. copyright law means that no one owns "
+    "a United States copyright in these works. " * 20
+)
+
+
+def test_gutenberg_header_and_footer_stay_out_of_chunks_and_summaries(client, books, cache, minilm) -> None:
+    story = books[0].read_text(encoding="utf-8")
+    books[0].write_text(GUTENBERG_HEADER + story + GUTENBERG_FOOTER, encoding="utf-8")
+    options = IngestOptions(chunk_size=80, window=3, summarizer="extractive")
+    ingest(books[:1], "shelf", minilm, options=options, client=client, cache=cache, progress=False)
+    store, book = Mindscape("shelf", client), book_id(books[0])
+    text = books[0].read_text(encoding="utf-8")
+    chunks = store.chunk_records(store.book_chunk_ids(book))
+    assert all(text[c["start"] : c["end"]] == c["text"] for c in chunks)  # offsets into the original file
+    assert not any("Gutenberg" in c["text"] or "copyright" in c["text"] for c in chunks)
+    assert not any("Gutenberg" in d for d in store.summaries.get()["documents"])
+    assert store.book_text(book) == text and store.book_body(book).strip() == story.strip()
+    (stats,) = store.stats()["books"]
+    assert stats["tokens"] == count_tokens(store.book_body(book))
+    assert stats["left_out_tokens"] > 200
+    kept = IngestOptions(chunk_size=80, window=3, summarizer="extractive", keep_front_matter=True)
+    assert ingest(books[:1], "shelf", minilm, options=kept, client=client, cache=cache, progress=False).books_written == [book]
+    store = Mindscape("shelf", client)
+    assert any("Gutenberg" in c["text"] for c in store.chunk_records(store.book_chunk_ids(book)))
+    assert store.stats()["books"][0]["left_out_tokens"] == 0
+
+
 def test_another_embedder_is_refused(client, books, cache, minilm) -> None:
     extractive = IngestOptions(chunk_size=80, window=3, summarizer="extractive")
     ingest(books[:1], "shelf", minilm, options=extractive, client=client, cache=cache, progress=False)

@@ -216,6 +216,7 @@ def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
         ("alpha=nan", "alpha must be in [0, 1]"),
         ("alpha=half", "setting alpha='half' is not a valid float"),
         ("k0=ten", "setting k0='ten' is not a valid int"),
+        ("retrieval_only=maybe", "setting retrieval_only='maybe' is not one of 1/true/yes/on/0/false/no/off"),
         ("lambda_q=-1", "lambda_q, lambda_c and lambda_d must be non-negative"),
         ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia, prior"),
         ("kay0=5", "unknown setting(s) kay0"),

@@ -327,6 +327,10 @@ def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
     streaming = prints({"memory_tokens": "512"})
     assert streaming["infmem"] != base["infmem"]
     assert streaming["rag"] == base["rag"] and streaming["mia_rag"] == base["mia_rag"]
+    # The fusion's settings matter to hybrid retrieval only.
+    assert prints({"rrf_k": "30"})["rag"] != base["rag"]
+    dense = prints({"retriever": "dense"})
+    assert prints({"retriever": "dense", "rrf_k": "30", "bm25_weight": "1"})["rag"] == dense["rag"]
 
 
 def test_every_setting_has_a_description_and_a_group_some_graph_reads() -> None:

@@ -153,7 +153,7 @@ def _assert_exact(text: str, chunks: list[Chunk]) -> None:
 @pytest.mark.parametrize("size", [1, 7, 50, 200])
 def test_chunks_without_overlap_tile_the_text(size: int) -> None:
     text = _long_text()
-    chunks = chunk_text(text, size)
+    chunks = chunk_text(text, size, chunker="window")
     _assert_exact(text, chunks)
     assert all(c.tokens <= size for c in chunks)
     # Consecutive chunks touch; only whitespace may fall between (a whitespace-only window is dropped).
@@ -166,7 +166,7 @@ def test_chunks_without_overlap_tile_the_text(size: int) -> None:
 
 def test_token_counts_add_up_when_no_window_is_blank() -> None:
     text = SAMPLES["ascii"] * 20
-    chunks = chunk_text(text, 16)
+    chunks = chunk_text(text, 16, chunker="window")
     assert sum(c.tokens for c in chunks) == count_tokens(text)
     assert "".join(c.text for c in chunks) == text
 
@@ -175,7 +175,7 @@ def test_token_counts_add_up_when_no_window_is_blank() -> None:
 def test_overlap_shares_exactly_that_many_tokens(size: int, overlap: int) -> None:
     text = _long_text()
     spans = token_spans(text)
-    chunks = chunk_text(text, size, overlap)
+    chunks = chunk_text(text, size, overlap, chunker="window")
     _assert_exact(text, chunks)
     step = size - overlap
     # Window w covers tokens [w·step, w·step + size); compare against the spans directly.
@@ -195,7 +195,7 @@ def test_overlap_shares_exactly_that_many_tokens(size: int, overlap: int) -> Non
 
 def test_last_window_is_not_a_duplicate_tail() -> None:
     text = " ".join(["word"] * 10)  # 10 tokens: "word" then nine " word"
-    chunks = chunk_text(text, 4, 2)
+    chunks = chunk_text(text, 4, 2, chunker="window")
     assert [c.tokens for c in chunks] == [4, 4, 4, 4]
     assert chunks[-1].end == len(text)
 
@@ -205,7 +205,7 @@ def test_multibyte_chunks_are_exact_at_tiny_sizes(name: str) -> None:
     """Size 1 and 2 put chunk boundaries inside multi-byte characters as often as possible."""
     text = SAMPLES[name] * 3
     for size in (1, 2, 3):
-        chunks = chunk_text(text, size)
+        chunks = chunk_text(text, size, chunker="window")
         _assert_exact(text, chunks)
         between = "".join(text[a.end : b.start] for a, b in zip(chunks, chunks[1:]))
         assert not between.strip()
@@ -215,8 +215,8 @@ def test_multibyte_chunks_are_exact_at_tiny_sizes(name: str) -> None:
 
 
 def test_blank_text_gives_no_chunks() -> None:
-    assert chunk_text("", 10) == []
-    assert chunk_text(" \n\t \n", 2) == []
+    assert chunk_text("", 10, chunker="window") == []
+    assert chunk_text(" \n\t \n", 2, chunker="window") == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,8 +237,8 @@ def test_chunks_over_the_model_limit_are_split_further() -> None:
     # Single-letter words are one tiktoken token each, so 64-token chunks hold 64 "model tokens".
     text = " ".join(["a b c d e f g h"] * 40)
     calls: list[str] = []
-    plain = chunk_text(text, 64)
-    split = chunk_text(text, 64, max_model_tokens=20, count_model_tokens=_word_counter(calls))
+    plain = chunk_text(text, 64, chunker="window")
+    split = chunk_text(text, 64, max_model_tokens=20, count_model_tokens=_word_counter(calls), chunker="window")
     _assert_exact(text, split)
     assert calls, "the model's counter must be consulted"
     assert len(split) > len(plain)
@@ -251,8 +251,8 @@ def test_chunks_over_the_model_limit_are_split_further() -> None:
 def test_chunks_within_the_model_limit_are_not_split() -> None:
     text = SAMPLES["ascii"] * 10
     calls: list[str] = []
-    assert chunk_text(text, 30, max_model_tokens=10_000, count_model_tokens=_word_counter(calls)) == chunk_text(text, 30)
-    assert len(calls) == len(chunk_text(text, 30))
+    assert chunk_text(text, 30, max_model_tokens=10_000, count_model_tokens=_word_counter(calls), chunker="window") == chunk_text(text, 30, chunker="window")
+    assert len(calls) == len(chunk_text(text, 30, chunker="window"))
 
 
 def test_a_single_token_over_the_model_limit_is_an_error() -> None:
@@ -272,4 +272,4 @@ def test_a_single_token_over_the_model_limit_is_an_error() -> None:
 )
 def test_invalid_sizes_raise_clear_errors(size: int, overlap: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        chunk_text("some text", size, overlap)
+        chunk_text("some text", size, overlap, chunker="window")
