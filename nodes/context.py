@@ -51,7 +51,7 @@ class Context:
     retrieval_only: bool = _setting(False, "Stop after retrieval, with no LLM call (evaluation, debugging).")
     top_k: int = _setting(10, "Chunks given to the generator (static graphs).", group="retrieval")
     retriever: Retriever = _setting(
-        "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by reciprocal rank fusion (measured best, issue 8). dense: the embedder alone, as in the paper.", group="retrieval"
+        "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by weighted reciprocal rank fusion (bm25_weight, rrf_k; measured best, issues 8 and 21). dense: the embedder alone, as in the paper.", group="retrieval"
     )
     bm25_weight: float = _setting(
         3.0, "Hybrid retrieval: weight of BM25's ranking in the reciprocal rank fusion, the dense ranking's being 1 (chosen on the validation split; 1 is plain RRF).", group="retrieval"

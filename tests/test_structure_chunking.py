@@ -37,7 +37,7 @@ def _assert_exact(text: str, chunks: list[Chunk]) -> None:
     for i, chunk in enumerate(chunks):
         assert chunk.index == i
         assert text[chunk.start : chunk.end] == chunk.text
-        assert chunk.text.strip() and chunk.text == chunk.text.strip() or chunk.text.strip()
+        assert chunk.text.strip()
         assert chunk.tokens == count_tokens(chunk.text)
     for a, b in zip(chunks, chunks[1:]):
         assert a.end <= b.start
