@@ -121,19 +121,19 @@ class Mindscape:
         return {i: dict(m) for i, m in zip(got["ids"], got["metadatas"])}
 
     def book_text(self, book: str) -> str:
-        got = self.books.get(ids=[book], include=["documents"])
-        if not got["ids"]:
-            raise MindscapeError(f"collection {self.name!r} has no book {book!r}")
-        return got["documents"][0]
+        return self._book_row(book)[0]
 
     def book_body(self, book: str) -> str:
         """The book without its Project Gutenberg header and footer (as chunked), for the streaming
         agents; books ingested before front matter was recognised have no span and are whole."""
+        text, record = self._book_row(book)
+        return text[int(record.get("body_start", 0)) : int(record.get("body_end", len(text)))]
+
+    def _book_row(self, book: str) -> tuple[str, dict[str, Any]]:
         got = self.books.get(ids=[book], include=["documents", "metadatas"])
         if not got["ids"]:
             raise MindscapeError(f"collection {self.name!r} has no book {book!r}")
-        text, record = got["documents"][0], got["metadatas"][0]
-        return text[int(record.get("body_start", 0)) : int(record.get("body_end", len(text)))]
+        return got["documents"][0], got["metadatas"][0]
 
     def ordered_books(self) -> list[str]:
         records = self.book_records()
