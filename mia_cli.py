@@ -50,17 +50,20 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from stores.embeddings import load_embedder
     from stores.ingest import IngestOptions, collect_sources, ingest
     from stores.mindscape import chroma_client, validate_name
+    from stores.writer_lock import settings_store_path, writer_lock
 
     options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer,
                             chunker=args.chunker, keep_front_matter=args.keep_front_matter, window_unit=args.window_unit)
     options.validate()
     validate_name(args.collection)
     collect_sources(args.paths)  # fail on bad input before loading any model
-    chroma_client()  # and on an unusable store (cached: ingest reuses this client)
-    embedder = load_embedder(args.embedder or "")
-    llm = load_chat_model() if args.summarizer == "llm" else None
-    started = time.perf_counter()
-    report = ingest(args.paths, args.collection, embedder, options=options, llm=llm, progress=not args.quiet)
+    # A second writer is refused here, in well under a second, not after the models have loaded.
+    with writer_lock(settings_store_path()):
+        chroma_client()  # fail on an unusable store too (cached: ingest reuses this client)
+        embedder = load_embedder(args.embedder or "")
+        llm = load_chat_model() if args.summarizer == "llm" else None
+        started = time.perf_counter()
+        report = ingest(args.paths, args.collection, embedder, options=options, llm=llm, progress=not args.quiet)
     elapsed = time.perf_counter() - started
     print(
         f"{args.collection}: {len(report.books_written)} book(s) written, {len(report.books_unchanged)} unchanged; "
@@ -83,6 +86,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for s in stats:
         print(f"{s['collection']}: {len(s['books'])} book(s), {s['chunks']} chunks, {s['summaries']} summaries, "
               f"{s['tokens']} tokens, embedder {s['embedder']}")
+        unfinished = s["unfinished"]
+        if unfinished["books"] or unfinished["chunks"]:
+            named = f" ({', '.join(unfinished['books'])})" if unfinished["books"] else ""
+            print(f"  unfinished ingestion{named}: {unfinished['chunks']} chunks not committed, invisible to queries; "
+                  f"rerun the same `mia ingest` to finish it")
         for b in s["books"]:
             left_out = f", {b['left_out_tokens']} tokens of front/back matter left out" if b["left_out_tokens"] else ""
             print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} {b['chunker']} chunks, {b['summaries']} summaries, "
@@ -92,8 +100,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from stores.mindscape import delete_mindscape
+    from stores.writer_lock import settings_store_path, writer_lock
 
-    delete_mindscape(args.collection)
+    with writer_lock(settings_store_path()):
+        delete_mindscape(args.collection)
     print(f"removed {args.collection}")
     return 0
 

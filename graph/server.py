@@ -15,6 +15,7 @@ for ``/ok`` and stops it. The in-memory server is for one machine; to scale out,
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -37,6 +38,10 @@ DEFAULT_JOBS = 4
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Environment variables holding paths: made absolute because the server runs in its state folder.
 PATH_VARIABLES = ("MIA_HOME", "MIA_DATA", "MIA_CHROMA_PATH", "MIA_INGEST_ROOT", "TIKTOKEN_CACHE_DIR")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_GRACE = 5.0
+"""Seconds the server has to shut down cleanly before its group is killed."""
+PR_SET_PDEATHSIG = 1
 OFFLINE = {"LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGGRAPH_NO_VERSION_CHECK": "true", "LANGSMITH_TRACING": "false"}
 
 
@@ -136,16 +141,36 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
     state = (state_dir or Path(env["MIA_HOME"]) / "server").resolve()
     command = server_command(host, port, server_config(config, state), jobs)
     print(f"MiA server on http://{host}:{port} (LangGraph API; OpenAI-compatible /v1); state in {state}", file=sys.stderr)
-    process = subprocess.Popen(command, cwd=state, env=env)
+    # The server leads its own process group, which this process stops as a whole on SIGTERM,
+    # SIGINT or SIGHUP (a supervisor's stop, Ctrl-C, a closed terminal): nothing is left on the port.
+    process = subprocess.Popen(command, cwd=state, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         return process.wait()
-    except KeyboardInterrupt:
-        # A terminal's Ctrl-C reaches the child too; a signal sent to this process alone does not.
-        try:
-            return process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _stop(process)
-        return 130
+    except _Stopped as stopped:
+        _stop(process, grace=STOP_GRACE, group=True)
+        return 128 + stopped.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _die_with_parent() -> None:
+    """In the child, on Linux: be sent SIGTERM when ``mia serve`` dies, even by SIGKILL, which no
+    handler sees (PR_SET_PDEATHSIG); elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float = 15.0, *, group: bool = False) -> None:

@@ -216,7 +216,7 @@ class ChunkIndex:
 
 
 def _build_chunks(store: Mindscape, path: Path) -> None:
-    got = store.chunks.get(include=["documents"])
+    got = store.chunks.get(where=store.committed_filter(), include=["documents"])
     pairs = sorted(zip(got["ids"], got["documents"]))
     retriever = bm25s.BM25()
     if pairs:

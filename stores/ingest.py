@@ -2,8 +2,9 @@
 
 Idempotent and restartable by construction: every input is validated before anything is
 written; a book whose recorded hash matches is skipped without any model call; a book is written
-under deterministic ids and its record (the commit marker) is written last, so a run killed at
-any point leaves only rows that the next run deletes and rewrites.
+under deterministic ids between a pending record (which keeps its place in the series) and its
+committed record, so a run killed at any point leaves only rows that readers ignore and the next
+run deletes and rewrites, in the same order.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from stores import summaries as summ
 from stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
 from stores.embeddings import Embedder
 from stores.front_matter import find_body
-from stores.mindscape import Mindscape, MindscapeError, chroma_client, list_mindscapes, validate_name
+from stores.mindscape import PENDING, Mindscape, MindscapeError, chroma_client, list_mindscapes, validate_name
 from stores.summaries import SummaryCache
 from stores.tokens import count_tokens
+from stores.writer_lock import store_path, writer_lock
 
 SUPPORTED_SUFFIXES = (".txt", ".md")
 EMBED_BATCH = 64
@@ -167,13 +169,19 @@ def ingest(
     if options.summarizer == "llm" and llm is None:
         raise InputError("the llm summarizer needs a chat model; pass --summarizer extractive to ingest without one")
     client = client if client is not None else chroma_client()
+    with writer_lock(store_path(client)):
+        return _ingest(sources, collection, embedder, options, llm, client, cache, progress)
+
+
+def _ingest(sources: list[Source], collection: str, embedder: Embedder, options: IngestOptions,
+            llm: BaseChatModel | None, client: Any, cache: SummaryCache | None, progress: bool) -> IngestReport:
     existing = Mindscape(collection, client) if collection in list_mindscapes(client) else None
     if existing is not None and existing.embedder and existing.embedder != embedder.name:
         raise MindscapeError(
             f"collection {collection!r} was built with embedder {existing.embedder!r}, not {embedder.name!r}: "
             f"use a new collection name or `mia rm {collection}` first"
         )
-    records = existing.book_records() if existing else {}
+    records = existing.book_records(pending=True) if existing else {}
     next_order = max((int(r["order"]) for r in records.values()), default=-1) + 1
     cache = cache or SummaryCache()
     # Extractive summaries are picked with the chunk vectors, so they depend on the embedder too.
@@ -187,7 +195,7 @@ def ingest(
     for source in tqdm(sources, desc="books", unit="book", disable=not progress or len(sources) < 2):
         digest = _book_hash(source, options, book_span(source.text, options), embedder.name, method)
         record = records.get(source.book)
-        if record and record.get("hash") == digest:
+        if record and not record.get(PENDING) and record.get("hash") == digest:
             report.books_unchanged.append(source.book)
             continue
         order = int(record["order"]) if record else next_order
@@ -299,13 +307,13 @@ def _write_book(
     mindscape: Mindscape, source: Source, prepared: _PreparedBook, order: int, digest: str,
     options: IngestOptions, method: str, report: IngestReport,
 ) -> None:
-    """Replace the book's rows; its record (the commit marker) goes last."""
+    """Replace the book's rows between marking it pending and committing it (its record goes last)."""
     clock = time.perf_counter()
     chunks, windows = prepared.chunks, prepared.windows
     summary_ids = [f"{source.book}:s{j:05d}" for j in range(len(windows))]
     owner = {c.index: summary_ids[j] for j, window in enumerate(windows) for c in window}
     chunk_meta = [_chunk_metadata(mindscape.name, source.book, order, c, owner.get(c.index, "")) for c in chunks]
-    mindscape.delete_book_rows(source.book)
+    mindscape.begin_book(source.book, order)
     mindscape.upsert("chunks", [f"{source.book}:c{c.index:06d}" for c in chunks], prepared.chunk_vectors, [c.text for c in chunks], chunk_meta)
     if windows:
         summary_meta = [

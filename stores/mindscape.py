@@ -3,8 +3,10 @@
 One mindscape NAME is three Chroma collections, ``NAME__chunks``, ``NAME__summaries`` and
 ``NAME__books``, all in cosine space. Every chunk carries its ``summary_id`` and every summary its
 chunk range, so the chunk→summary map (π) and its inverse are plain metadata queries. A book's
-row in ``__books`` is written last during ingestion and acts as its commit marker: chunks or
-summaries of a book without a matching row are leftovers of an interrupted run and are replaced.
+row in ``__books`` is its commit marker: ingestion first turns it into a *pending* row (keeping the
+book's place in the series), then replaces the rows, then commits it. Readers see committed books
+only: the chunks of a pending or unrecorded book (an ingestion killed half way, or still running)
+are never returned, counted or indexed, and the next ingestion replaces them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from stores.settings import Settings, offline_environment, writable_dir
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
 SUFFIXES = ("__chunks", "__summaries", "__books")
+PENDING = "pending"
+"""Metadata flag of a book row whose chunks and summaries are being replaced."""
 # Chroma rejects larger single writes (~5461 records on SQLite); stay well below it.
 WRITE_BATCH = 2000
 _COSINE = {"hnsw:space": "cosine"}
@@ -114,11 +118,15 @@ class Mindscape:
         # The books' commit rows, read at most once per instance (``version``): an instance is a
         # snapshot for one node call; writes through it forget the rows, other writers need a new instance.
         self._books: dict[str, dict[str, Any]] | None = None
+        self._uncommitted: int | None = None
 
     # ---- books -----------------------------------------------------------------------------
-    def book_records(self) -> dict[str, dict[str, Any]]:
+    def book_records(self, *, pending: bool = False) -> dict[str, dict[str, Any]]:
+        """The committed books' rows; with ``pending``, also those of books being (re)written, which
+        only ingestion needs (to keep their order and to know they must be rewritten)."""
         got = self.books.get(include=["metadatas"])
-        return {i: dict(m) for i, m in zip(got["ids"], got["metadatas"])}
+        rows = {i: dict(m) for i, m in zip(got["ids"], got["metadatas"])}
+        return rows if pending else {b: r for b, r in rows.items() if not r.get(PENDING)}
 
     def book_text(self, book: str) -> str:
         return self._book_row(book)[0]
@@ -176,8 +184,30 @@ class Mindscape:
         hash and the chunking options, and is deleted first and written last by every ingestion.
         Read once per instance (an instance lives for one node call)."""
         if self._books is None:
-            self._books = self.book_records()
+            self._books = self.book_records(pending=True)
         return tuple(sorted((b, tuple(sorted(r.items()))) for b, r in self._books.items()))
+
+    def committed_books(self) -> dict[str, dict[str, Any]]:
+        """This instance's snapshot of the committed books' rows."""
+        self.version()
+        return {b: r for b, r in self._books.items() if not r.get(PENDING)}
+
+    def uncommitted_chunks(self) -> int:
+        """How many stored chunks belong to no committed book (0 unless an ingestion is running or
+        was killed). Committed books hold exactly the chunks their rows count, because their rows
+        are replaced only while the book is pending; so one count answers it."""
+        if self._uncommitted is None:
+            expected = sum(int(r.get("chunks", 0)) for r in self.committed_books().values())
+            self._uncommitted = max(self.chunks.count() - expected, 0)
+        return self._uncommitted
+
+    def committed_filter(self, where: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """``where`` narrowed to committed books when uncommitted chunks exist; as it was otherwise,
+        so that the usual case costs Chroma no metadata filter."""
+        if not self.uncommitted_chunks():
+            return where
+        only = {"book": {"$in": sorted(self.committed_books()) or [""]}}
+        return {"$and": [where, only]} if where else only
 
     def _summary_rows(self) -> tuple[dict[str, int], np.ndarray]:
         """All summary vectors, kept in memory while the books are unchanged.
@@ -210,12 +240,12 @@ class Mindscape:
         stored vectors and their sessions π(c). Metadata is never read here: for 100 hits it costs
         Chroma several times the vector search itself, and π follows from the ids (``summary_of``)."""
         count = self.chunks.count()
-        if count == 0 or k <= 0:
+        if count == 0 or k <= 0 or not self.committed_books():
             return []
         got = self.chunks.query(
             query_embeddings=[np.asarray(vector, dtype=np.float32).tolist()],
             n_results=min(k, count),
-            where=where,
+            where=self.committed_filter(where),
             include=["distances", "embeddings"] if vectors else ["distances"],
         )
         ids = list(got["ids"][0])
@@ -232,11 +262,11 @@ class Mindscape:
         before i (the row's ``window_starts``; ``i // window`` for books ingested before windows could
         be counted in tokens). The chunk's ``summary_id`` metadata holds the same value. "" for a book
         without summaries or not committed."""
-        self.version()  # reads the commit rows once per instance
+        committed = self.committed_books()  # read once per instance
         out = []
         for chunk_id in chunk_ids:
             book, _, index = chunk_id.rpartition(":c")
-            record = self._books.get(book)
+            record = committed.get(book)
             if record is None or int(record.get("summaries", 0)) == 0:
                 out.append("")
                 continue
@@ -247,6 +277,7 @@ class Mindscape:
 
     def stats(self) -> dict[str, Any]:
         records = self.book_records()
+        pending = sorted(set(self.book_records(pending=True)) - set(records))
         return {
             "collection": self.name,
             "embedder": self.embedder,
@@ -256,16 +287,23 @@ class Mindscape:
                  "chunker": records[b].get("chunker", "window"), "left_out_tokens": records[b].get("left_out_tokens", 0)}
                 for b in sorted(records, key=lambda b: records[b]["order"])
             ],
-            "chunks": self.chunks.count(),
-            "summaries": self.summaries.count(),
+            "chunks": sum(int(r["chunks"]) for r in records.values()),
+            "summaries": sum(int(r["summaries"]) for r in records.values()),
             "tokens": sum(int(r["tokens"]) for r in records.values()),
+            # Rows of an ingestion that is running or was killed: invisible to queries until committed.
+            "unfinished": {"books": pending, "chunks": max(self.chunks.count() - sum(int(r["chunks"]) for r in records.values()), 0)},
         }
 
     # ---- writes ----------------------------------------------------------------------------
-    def delete_book_rows(self, book: str) -> None:
-        """Remove a book's chunks and summaries (its record goes first, so it is never 'complete')."""
-        self._books = None
-        self.books.delete(ids=[book])
+    def begin_book(self, book: str, order: int) -> None:
+        """Mark the book pending at ``order`` and remove its chunks and summaries.
+
+        One upsert swaps the committed row for the pending one, so readers stop seeing the book
+        before any of its rows change, and a run killed from here on keeps the book's place.
+        """
+        self._books, self._uncommitted = None, None
+        # Chroma's upsert merges metadata: the old fields stay beside the flag, the hash is cleared.
+        self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[""], metadatas=[{"order": order, "hash": "", PENDING: True}])
         self.chunks.delete(where={"book": book})
         self.summaries.delete(where={"book": book})
 
@@ -282,9 +320,9 @@ class Mindscape:
             )
 
     def commit_book(self, book: str, text: str, metadata: dict[str, Any]) -> None:
-        self._books = None
+        self._books, self._uncommitted = None, None
         # The books collection holds no meaningful vector; a constant unit vector keeps Chroma happy.
-        self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[metadata])
+        self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[{**metadata, PENDING: False}])
 
 
 def _window_starts(record: dict[str, Any]) -> tuple[int, ...]:

@@ -444,6 +444,12 @@ def test_resume_after_a_crash_in_the_middle_of_writing_chunks(client, books, cac
         ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
     half_written = Mindscape("shelf", client)
     assert half_written.book_records() == {} and 0 < half_written.chunks.count()
+    # Readers see none of it: no search hit, no BM25 row, no count, and the book's place is kept.
+    stats = half_written.stats()
+    assert stats["chunks"] == 0 and stats["unfinished"] == {"books": [book_id(books[0])], "chunks": half_written.chunks.count()}
+    assert half_written.search_chunks(np.asarray(minilm.embed_query("the golden goose")), 50) == []
+    assert ChunkIndex.for_collection(half_written).search("golden goose", 50) == []
+    assert half_written.book_records(pending=True)[book_id(books[0])]["order"] == 0
     monkeypatch.setattr(Mindscape, "upsert", original)
 
     # The first book's summaries were cached before the crash: resuming summarises only the second.

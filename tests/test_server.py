@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import pytest
 from langgraph_sdk import get_sync_client
 
 from graph.registry import QUESTION_GRAPHS
-from graph.server import Server, free_port, start_server
+from graph.server import Server, free_port, port_is_free, start_server
 from tests.conftest import requires_data, write_stories
 
 pytestmark = requires_data
@@ -339,3 +340,37 @@ def test_chroma_server_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min
 
     stored = chromadb.PersistentClient(path=str(tmp_path / "chroma-server"))
     assert "remote" in list_mindscapes(stored)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_mia_serve_stops_its_whole_tree_and_frees_the_port(sig: signal.Signals, tmp_path: Path) -> None:
+    """What a supervisor (SIGTERM) or Ctrl-C (SIGINT) does: no process of the server may outlive it."""
+    import psutil
+
+    port = free_port()
+    env = {**os.environ, "MIA_HOME": str(tmp_path / "home"), "MIA_CHROMA_PATH": str(tmp_path / "chroma")}
+    with (tmp_path / "serve.log").open("wb") as log:
+        mia = subprocess.Popen([sys.executable, "-m", "mia_cli", "serve", "--port", str(port)], env=env,
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and mia.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/ok", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"mia serve was not ready: {(tmp_path / 'serve.log').read_text()[-2000:]}")
+        server = psutil.Process(mia.pid).children(recursive=True)
+        assert server, "mia serve should run the server as its child"
+
+        stopped = time.monotonic()
+        mia.send_signal(sig)
+        assert mia.wait(10) == 128 + sig
+        _, alive = psutil.wait_procs(server, timeout=max(0.0, 10 - (time.monotonic() - stopped)))
+        assert not alive, f"still running {time.monotonic() - stopped:.1f}s after {sig.name}: {[p.pid for p in alive]}"
+        assert port_is_free("127.0.0.1", port)
+    finally:  # whatever failed, leave nothing running (an orphan is no longer our child)
+        for process in [*psutil.Process().children(recursive=True), *locals().get("server", [])]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
