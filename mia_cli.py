@@ -46,20 +46,21 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from stores.chat import load_chat_model
-    from stores.embeddings import load_embedder
-    from stores.ingest import IngestOptions, collect_sources, ingest
-    from stores.mindscape import chroma_client, validate_name
     from stores.writer_lock import settings_store_path, writer_lock
 
-    options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer,
-                            chunker=args.chunker, keep_front_matter=args.keep_front_matter, window_unit=args.window_unit)
-    options.validate()
-    validate_name(args.collection)
-    collect_sources(args.paths)  # fail on bad input before loading any model
-    # A second writer is refused here, in well under a second, not after the models have loaded.
+    # A second writer is refused first, before the imports and models that take seconds to load.
     with writer_lock(settings_store_path()):
-        chroma_client()  # fail on an unusable store too (cached: ingest reuses this client)
+        from stores.chat import load_chat_model
+        from stores.embeddings import load_embedder
+        from stores.ingest import IngestOptions, collect_sources, ingest
+        from stores.mindscape import chroma_client, validate_name
+
+        options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer,
+                                chunker=args.chunker, keep_front_matter=args.keep_front_matter, window_unit=args.window_unit)
+        options.validate()
+        validate_name(args.collection)
+        collect_sources(args.paths)  # fail on bad input before loading any model
+        chroma_client()  # and on an unusable store (cached: ingest reuses this client)
         embedder = load_embedder(args.embedder or "")
         llm = load_chat_model() if args.summarizer == "llm" else None
         started = time.perf_counter()
@@ -93,8 +94,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
                   f"rerun the same `mia ingest` to finish it")
         for b in s["books"]:
             left_out = f", {b['left_out_tokens']} tokens of front/back matter left out" if b["left_out_tokens"] else ""
+            flagged = (f", {b['instruction_spans']} instruction-like span(s), kept out of prompts unless injection_guard=false "
+                       "(--explain quotes them)" if b["instruction_spans"] else "")
             print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} {b['chunker']} chunks, {b['summaries']} summaries, "
-                  f"{b['tokens']} tokens{left_out}")
+                  f"{b['tokens']} tokens{left_out}{flagged}")
     return 0
 
 
@@ -148,7 +151,25 @@ def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]
                 lines.append(f"  {rank:>2}. {r['id']}  score {r['score']:.4f}  (s_qry {r['s_qry']:.4f}, s_sig {r['s_sig']:.4f})")
     for entry in state.get("trajectory") or []:
         lines.append(f"Step: {json.dumps(entry, ensure_ascii=False)[:400]}")
+    lines.extend(_explain_guard(store, state))
     return "\n".join(lines)
+
+
+def _explain_guard(store: Any, state: dict[str, Any]) -> list[str]:
+    """Instruction-like text in the retrieved chunks (kept out of every prompt unless
+    injection_guard=false) and any answer the guard rejected."""
+    from nodes.answer import cut_ranges
+
+    lines = []
+    for chunk in store.chunk_records([r["id"] for r in (state.get("retrieved") or [])[:20]]):
+        for a, b in cut_ranges(chunk):
+            quoted = " ".join(chunk["text"][a:b].split())[:160]
+            lines.append(f"  {chunk['id']} chars {chunk['start'] + a}–{chunk['start'] + b}: {quoted!r}")
+    if lines:
+        lines.insert(0, "Instruction-like text in the retrieved chunks (kept out of the prompts unless injection_guard=false):")
+    for rejected in (state.get("guard") or {}).get("rejected", []):
+        lines.append(f"Answer rejected as traced to an instruction: {rejected!r}")
+    return lines
 
 
 def _settings_of(pairs: Sequence[str]) -> dict[str, str]:
@@ -174,7 +195,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
             "answer": state.get("answer"), "citations": state.get("citations", []),
             "signature": state.get("signature", []), "step0": state.get("step0", []),
             "retrieved": state.get("retrieved", []), "trajectory": state.get("trajectory", []),
-            "usage": state.get("usage", {}), "seconds": round(elapsed, 3),
+            "usage": state.get("usage", {}), "guard": state.get("guard", {}), "seconds": round(elapsed, 3),
         }, ensure_ascii=False))
         return 0
     if args.explain:

@@ -12,8 +12,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from evals.runner import parse_assignments, run_eval
-
 DEFAULT_OUT = Path("evals") / "results"
 
 
@@ -37,6 +35,8 @@ def default_out(dataset: str, split: str | None, lengths: list[int], retrieval_o
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from evals.runner import parse_assignments, run_eval  # heavy (LangGraph, the graphs): only for `mia eval`
+
     settings = parse_assignments(args.set or [], multi=False)
     sweeps = parse_assignments(args.sweep or [], multi=True)
     out = args.out or default_out(args.dataset, args.split, args.length or [], args.retrieval_only)

@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import httpx
 
@@ -42,6 +42,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOP_GRACE = 5.0
 """Seconds the server has to shut down cleanly before its group is killed."""
 PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a child receives when its parent dies."""
 OFFLINE = {"LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGGRAPH_NO_VERSION_CHECK": "true", "LANGSMITH_TRACING": "false"}
 
 
@@ -143,16 +144,20 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
     print(f"MiA server on http://{host}:{port} (LangGraph API; OpenAI-compatible /v1); state in {state}", file=sys.stderr)
     # The server leads its own process group, which this process stops as a whole on SIGTERM,
     # SIGINT or SIGHUP (a supervisor's stop, Ctrl-C, a closed terminal): nothing is left on the port.
-    process = subprocess.Popen(command, cwd=state, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-
+    # The handlers go in before the child starts, so no signal can slip between the two.
     def stop(signum: int, _frame: Any) -> None:
         raise _Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    process: subprocess.Popen[bytes] | None = None
     try:
+        process = subprocess.Popen(command, cwd=state, env=env, start_new_session=True, preexec_fn=_die_with_parent())
         return process.wait()
     except _Stopped as stopped:
-        _stop(process, grace=STOP_GRACE, group=True)
+        for sig in STOP_SIGNALS:  # a second Ctrl-C during the shutdown must not cut it short
+            signal.signal(sig, signal.SIG_IGN)
+        if process is not None:
+            _stop(process, grace=STOP_GRACE, group=True)
         return 128 + stopped.signum
     finally:
         for sig, handler in previous.items():
@@ -160,17 +165,32 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
 
 
 class _Stopped(Exception):
+    """Raised by the signal handler in the main thread, so ``process.wait()`` returns to the
+    shutdown path instead of the default handler killing ``mia serve`` alone."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
 
-def _die_with_parent() -> None:
-    """In the child, on Linux: be sent SIGTERM when ``mia serve`` dies, even by SIGKILL, which no
-    handler sees (PR_SET_PDEATHSIG); elsewhere a no-op."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, the child's pre-exec hook: be sent SIGTERM when ``mia serve`` dies, even by SIGKILL,
+    which no handler sees (``PR_SET_PDEATHSIG``), and exit at once if it already has. ``prctl`` is
+    looked up here, in the parent: the forked child may only make the call. Elsewhere ``None``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float = 15.0, *, group: bool = False) -> None:
@@ -182,14 +202,15 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 15.0, *, group: bool 
             else:
                 process.send_signal(sig)
 
-    if process.poll() is not None:
-        return
-    send(signal.SIGTERM)
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
+    if process.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+            process.wait(timeout=grace)
+    if group:  # members that outlived their leader, or ignored SIGTERM
         send(signal.SIGKILL)
-        process.wait(timeout=grace)
 
 
 def _log_tail(log: Path, lines: int = 40) -> str:

@@ -27,6 +27,7 @@ from nodes.qa import prepare as prepare_question
 from nodes.qa import initial_signature
 from nodes.retrieval import Fusion, as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.state import AgentState
+from prompts.injection import decode, planted
 from stores.chat import json_call
 
 
@@ -128,17 +129,21 @@ def update(state: AgentState, runtime: Runtime[Context], *, with_signature: bool
     messages = _update_messages(state, ctx, chunks, chunk_labels, sig_ids, summary_labels, summaries, with_signature)
     schema = UpdateOutput if with_signature else NoSignatureUpdate
     parsed, raw = json_call(resources.chat_model(ctx, max_tokens=UPDATE_TOKENS), messages, schema)
-    return _apply(state, ctx, parsed, raw, chunk_labels, summary_labels, with_signature)
+    material = [c["text"] for c in chunks] + list(summaries.values())
+    known = [decode(c.get("guard_trace", "")) for c in chunks]
+    return _apply(state, ctx, parsed, raw, chunk_labels, summary_labels, with_signature, material, known)
 
 
 def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any]], chunk_labels: dict[str, str],
                      sig_ids: list[str], summary_labels: dict[str, str], summaries: dict[str, str],
                      with_signature: bool) -> list[Any]:
     label_of_chunk = {v: k for k, v in chunk_labels.items()}
-    passages = "\n".join(prompts.fence(c["text"], id=label_of_chunk[c["id"]], book=c["book"]) for c in chunks)
+    guard = ctx.injection_guard
+    passages = "\n".join(prompts.fence(c["text"], guard=guard, cut=decode(c.get("guard_cut", "")), id=label_of_chunk[c["id"]],
+                                       book=c["book"]) for c in chunks)
     evidence = state.get("evidence") or []
     evidence_block = (
-        "Facts gathered so far:\n" + prompts.fence("\n".join(f"- {e['fact']}" for e in evidence), tag="evidence") + "\n\n"
+        "Facts gathered so far:\n" + prompts.fence("\n".join(f"- {e['fact']}" for e in evidence), tag="evidence", guard=False) + "\n\n"
         if evidence else ""
     )
     if with_signature:
@@ -146,7 +151,7 @@ def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any
         current = [label_of_summary[i] for i in sig_ids if i in label_of_summary]
         signature_block = (
             f"Current signature: {', '.join(current) or '(empty)'}\nSummaries you may choose from:\n"
-            + "\n".join(prompts.fence(summaries.get(i, ""), tag="summary", id=label) for label, i in summary_labels.items())
+            + "\n".join(prompts.fence(summaries.get(i, ""), tag="summary", guard=guard, id=label) for label, i in summary_labels.items())
             + "\n\n"
         )
         signature_rule = (
@@ -168,7 +173,11 @@ def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any
 
 
 def _apply(state: AgentState, ctx: Context, parsed: BaseModel | None, raw: AIMessage, chunk_labels: dict[str, str],
-           summary_labels: dict[str, str], with_signature: bool) -> dict[str, Any]:
+           summary_labels: dict[str, str], with_signature: bool, material: list[str],
+           known: list[list[tuple[int, int]]]) -> dict[str, Any]:
+    """The state update from M_upd's reply. Labels outside those offered are dropped; with the
+    injection guard, so are facts and a next query traced to an instruction in the passages
+    (``injection.planted``): a document cannot choose what the agent remembers or searches next."""
     step = int(state.get("step", 0)) + 1
     usage = usage_of(raw, "update")
     if parsed is None:
@@ -176,19 +185,28 @@ def _apply(state: AgentState, ctx: Context, parsed: BaseModel | None, raw: AIMes
         _emit(entry)
         return {"step": step, "decision": "continue", "update_failures": int(state.get("update_failures", 0)) + 1,
                 "usage": usage, "trajectory": [entry]}
+    guarded: list[str] = []
+    trusted = (state["question"], state["query"])
+
+    def traced(text: str) -> bool:
+        if ctx.injection_guard and planted(text, material, trusted, known):
+            guarded.append(text)
+            return True
+        return False
+
     dropped = 0
     facts = []
     for fact in parsed.new_evidence:
         cited = [chunk_labels[c.strip()] for c in fact.chunks if c.strip() in chunk_labels]
         dropped += len(fact.chunks) - len(cited)
-        if cited and fact.fact.strip():
+        if cited and fact.fact.strip() and not traced(fact.fact):
             facts.append({"fact": fact.fact.strip(), "chunks": cited, "step": step})
         else:
             dropped += 1
     update: dict[str, Any] = {"step": step, "decision": parsed.decision, "usage": usage,
                               "evidence": list(state.get("evidence") or []) + facts}
     next_query = parsed.next_query.strip()
-    if ctx.rewrite_query and next_query:
+    if ctx.rewrite_query and next_query and not traced(next_query):
         update["query"] = next_query
     if with_signature:
         chosen = list(dict.fromkeys(summary_labels[s.strip()] for s in parsed.signature if s.strip() in summary_labels))
@@ -198,7 +216,7 @@ def _apply(state: AgentState, ctx: Context, parsed: BaseModel | None, raw: AIMes
     entry = {"step": step, "query": state["query"], "decision": parsed.decision,
              "next_query": update.get("query", state["query"]),
              "signature": [s["id"] for s in update.get("signature", state.get("signature") or [])],
-             "new_evidence": facts, "rejected": dropped}
+             "new_evidence": facts, "rejected": dropped, **({"guard_rejected": guarded} if guarded else {})}
     if dropped:
         update["update_failures"] = int(state.get("update_failures", 0)) + 1
     update["trajectory"] = [entry]
@@ -258,4 +276,4 @@ def generate(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     signature = [r["text"] for r in store.summary_records(sig_ids)] if use_sig and sig_ids else []
     evidence = [e["fact"] for e in state.get("evidence") or []] if use_evi else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       options_for(state, ctx), signature=signature, evidence=evidence)
+                       options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard)

@@ -10,6 +10,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 import prompts
 from nodes.context import AnswerFormat, Context
+from nodes.state import merge_usage
+from prompts import injection
 
 FORMAT_RULES: dict[str, str] = {
     "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
@@ -17,6 +19,7 @@ FORMAT_RULES: dict[str, str] = {
     "choice": "Answer with the letter of the correct option only.",
     "verify": "Answer TRUE if the claim is supported by the material and FALSE otherwise, with that one word only.",
 }
+NO_RELIABLE_ANSWER = "The passages give no reliable answer: the only matching text reads as an instruction, not as content."
 _CITE = re.compile(r"\[(\d{1,3})\]")
 LETTERS = "ABCDEFGHIJ"
 
@@ -33,34 +36,50 @@ def usage_of(message: BaseMessage, node: str) -> dict[str, Any]:
     return {**counts, "by_node": {node: dict(counts)}}
 
 
-def passages_block(chunks: Sequence[dict[str, Any]]) -> str:
+def passages_block(chunks: Sequence[dict[str, Any]], guard: bool = True) -> str:
     """Chunks numbered [1]..[n] with their book and position, each fenced as data."""
     return "\n".join(
-        prompts.fence(c["text"], n=i + 1, book=c["book"], position=f"chunk {c['index']}")
+        prompts.fence(c["text"], guard=guard, cut=injection.decode(c.get("guard_cut", "")), n=i + 1, book=c["book"],
+                      position=f"chunk {c['index']}")
         for i, c in enumerate(chunks)
     )
 
 
-def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = ()) -> str:
+def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), guard: bool = True) -> str:
     parts = []
     if signature:
-        parts.append(prompts.fence("\n".join(signature), tag="signature"))
+        parts.append(prompts.fence("\n".join(signature), tag="signature", guard=guard))
     if evidence:
-        parts.append(prompts.fence("\n".join(f"- {e}" for e in evidence), tag="evidence"))
+        # Facts and memories are the model's own notes, written from guarded passages: not cut.
+        parts.append(prompts.fence("\n".join(f"- {e}" for e in evidence), tag="evidence", guard=False))
     return "".join(p + "\n" for p in parts)
 
 
 def answer_messages(question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
-                    options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = ()) -> list[BaseMessage]:
+                    options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
+                    guard: bool = True) -> list[BaseMessage]:
     option_text = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options[: len(LETTERS)]))
     return prompts.messages(
         "answer",
         format_rule=FORMAT_RULES[fmt],
-        memory=memory_block(signature, evidence),
-        passages=passages_block(chunks),
+        memory=memory_block(signature, evidence, guard),
+        passages=passages_block(chunks, guard),
         question=question,
         options=option_text,
     )
+
+
+def cut_ranges(chunk: dict[str, Any]) -> list[tuple[int, int]]:
+    """The chunk's instruction spans, chunk-relative: those found in its book at ingestion and any
+    found in its own text (a collection ingested before spans were recorded)."""
+    found = injection.decode(chunk.get("guard_cut", "")) + [(s.start, s.end) for s in injection.instruction_spans(chunk["text"])]
+    return sorted(set(found))
+
+
+def removed_spans(chunks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where the guard cut text out of the passages, in book offsets (for --explain and the API)."""
+    return [{"n": i + 1, "id": c["id"], "book": c["book"], "spans": [[c["start"] + a, c["start"] + b] for a, b in spans]}
+            for i, c in enumerate(chunks) if (spans := cut_ranges(c))]
 
 
 def normalise_answer(text: str, fmt: AnswerFormat, n_options: int = 0) -> str:
@@ -106,14 +125,35 @@ def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
              options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-             node: str = "generate") -> dict[str, Any]:
-    """Answer and the state update every graph's final node returns."""
-    raw: AIMessage = llm.invoke(answer_messages(question, chunks, fmt, options, signature, evidence))
+             node: str = "generate", guard: bool = True) -> dict[str, Any]:
+    """Answer and the state update every graph's final node returns.
+
+    With ``guard``, an open answer traced to an instruction in the material (``injection.planted``)
+    is rejected: the model answers once more without the suspect sentences, and if that answer is
+    traced too, the reply says no reliable answer was found. Clean material never pays the retry.
+    """
+    raw: AIMessage = llm.invoke(answer_messages(question, chunks, fmt, options, signature, evidence, guard))
+    usage = usage_of(raw, node)
     answer = normalise_answer(raw.text, fmt, len(options))
+    report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
+    material = [c["text"] for c in chunks] + list(signature)  # the source's text, not the model's notes
+    known = [injection.decode(c.get("guard_trace", "")) for c in chunks]
+    if guard and fmt == "open" and injection.planted(answer, material, (question,), known):
+        report["rejected"] = [answer]
+        stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
+        raw = llm.invoke(answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature],
+                                         evidence, guard))
+        usage = merge_usage(usage, usage_of(raw, node))
+        answer = normalise_answer(raw.text, fmt, len(options))
+        if injection.planted(answer, material, (question,), known):
+            report["rejected"].append(answer)
+            raw = AIMessage(content=NO_RELIABLE_ANSWER, id=raw.id)
+            answer = NO_RELIABLE_ANSWER
     cites = citations(raw.text, chunks)
     return {
         "answer": answer,
         "citations": cites,
         "messages": [AIMessage(content=reply_text(answer if fmt != "open" else raw.text.strip(), cites), id=raw.id)],
-        "usage": usage_of(raw, node),
+        "usage": usage,
+        "guard": report,
     }

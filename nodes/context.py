@@ -87,6 +87,9 @@ class Context:
         "chunks", "What the generator sees besides the question: chunks, +sig, +evi, +sig+evi, or auto (our per-question rule).", group="retrieval"
     )
     answer_format: AnswerFormat = _setting("open", "open (a short phrase), choice (a letter) or verify (TRUE/FALSE).")
+    injection_guard: bool = _setting(
+        True, "Keep instructions planted in documents away from the model: cut instruction-like spans out of every prompt and reject an answer or query traced to one. Turn off only to ask about such text itself."
+    )
 
     max_steps: int = _setting(3, "Agent: most Retrieve→Update steps (N_stop).", group="retrieval")
     step_k: int = _setting(20, "Agent: chunks retrieved per step.", group="retrieval")

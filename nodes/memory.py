@@ -101,8 +101,9 @@ def bound(text: str, limit: int) -> str:
 
 
 def _memory_fence(memory: str) -> str:
-    """A sentence, not a bare "(empty)", for a fresh memory: the small model echoed that token back."""
-    return prompts.fence(memory or "No notes yet.", tag="memory")
+    """A sentence, not a bare "(empty)", for a fresh memory: the small model echoed that token back.
+    The memory is the model's own notes, written from guarded text: nothing in it is cut."""
+    return prompts.fence(memory or "No notes yet.", tag="memory", guard=False)
 
 
 def _progress(state: MemoryState) -> str:
@@ -172,7 +173,7 @@ def answer(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = runtime.context
     memory = state.get("memory", "")
     return generate(resources.chat_model(ctx), state["question"], [], ctx.answer_format,
-                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer")
+                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard)
 
 
 # ---- memagent ----------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def update_memory(state: MemoryState, runtime: Runtime[Context]) -> dict[str, An
     step = state["step"] + 1
     memory, usage = _rewrite(
         ctx, "memagent", "update_memory", question=state["question"], memory=_memory_fence(state.get("memory", "")),
-        chunk=prompts.fence(source[start:end], part=f"{step} of {state['segments']}"),
+        chunk=prompts.fence(source[start:end], guard=ctx.injection_guard, part=f"{step} of {state['segments']}"),
     )
     entry = {"step": step, "start": start, "end": end, "memory_tokens": count_tokens(memory)}
     return {"memory": memory, "memory_tokens": entry["memory_tokens"], "position": end, "step": step,
@@ -250,11 +251,11 @@ def write(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
     start, end = next_span(index.source, state["position"], ctx.stream_chunk_tokens)
     step = state["step"] + 1
     windows = state.get("windows", [])
-    passages = "\n".join(prompts.fence(index.window(w["id"]).text, n=i + 1, kind="retrieved") for i, w in enumerate(windows))
+    passages = "\n".join(prompts.fence(index.window(w["id"]).text, guard=ctx.injection_guard, n=i + 1, kind="retrieved") for i, w in enumerate(windows))
     memory, usage = _rewrite(
         ctx, "write", "write", question=state["question"], memory=_memory_fence(state.get("memory", "")),
         passages=passages or "(none found)",
-        chunk=prompts.fence(index.source[start:end], kind="current", part=f"{step} of {state['segments']}"),
+        chunk=prompts.fence(index.source[start:end], guard=ctx.injection_guard, kind="current", part=f"{step} of {state['segments']}"),
     )
     entry = {"step": step, "start": start, "end": end, **state["plan"], "retrieved": [w["id"] for w in windows],
              "memory_tokens": count_tokens(memory)}

@@ -68,7 +68,8 @@ def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
 def standalone_question(history: list[Any], question: str, ctx: Context) -> tuple[str, dict[str, Any]]:
     turns = "\n".join(f"{'User' if m.type == 'human' else 'Assistant'}: {m.text}" for m in history[-6:])
     llm = resources.chat_model(ctx, max_tokens=96).with_config(tags=["nostream"])
-    reply = llm.invoke(prompts.messages("condense", conversation=prompts.fence(turns, tag="conversation"), question=question))
+    # The conversation is the user's own words (and answers): nothing in it is cut as an instruction.
+    reply = llm.invoke(prompts.messages("condense", conversation=prompts.fence(turns, tag="conversation", guard=False), question=question))
     rewritten = reply.text.strip().strip('"') or question
     return rewritten, usage_of(reply, "prepare")
 
@@ -162,5 +163,5 @@ def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     with_sig = ctx.answer_inputs in ("chunks+sig", "chunks+sig+evi") and state.get("signature")
     signature = [r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])] if with_sig else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       options_for(state, ctx), signature=signature)
+                       options_for(state, ctx), signature=signature, guard=ctx.injection_guard)
 

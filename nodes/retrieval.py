@@ -245,7 +245,7 @@ def membership_prior(
     owners: list[str | None] = [o or None for o in store.summary_of(ids)]
     members = [s for s, w in weights.items() if w > 0.0]
     if members and max(weights.values()) >= gate:
-        got = store.chunks.get(where={"summary_id": {"$in": members}}, include=["metadatas"])
+        got = store.chunks.get(where=store.committed_filter({"summary_id": {"$in": members}}), include=["metadatas"])
         seen = set(ids)
         for cid, meta in zip(got["ids"], got["metadatas"]):
             if cid not in seen:

@@ -50,6 +50,9 @@ class OutputState(TypedDict, total=False):
     signature: list[dict[str, Any]]
     retrieved: list[dict[str, Any]]
     usage: Annotated[dict[str, Any], merge_usage]
+    guard: dict[str, Any]
+    """What the injection guard did for the answer: spans cut from the passages (book offsets),
+    answers rejected as traced to an instruction."""
 
 
 class QAState(InputState, OutputState, total=False):

@@ -3,8 +3,9 @@
 Every template is a Markdown file beside this module with a ``# system`` and a ``# user``
 section. Text that comes from a source (chunks, summaries, memories built from them) is only ever
 inserted through :func:`fence`, which wraps it in tags that the system prompts declare to be
-data, and neutralises any closing tag the text itself contains, so a document cannot end its
-fence early and speak as the user.
+data, neutralises any closing tag the text itself contains, so a document cannot end its fence
+early and speak as the user, and takes out text that gives orders to the model
+(``prompts.injection``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import hashlib
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Sequence
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+from prompts import injection
 
 _HERE = Path(__file__).parent
 _SECTION = re.compile(r"^# (system|user)\s*$", flags=re.MULTILINE)
@@ -35,8 +39,16 @@ def version(name: str) -> str:
     return hashlib.sha256(f"{system}\n{user}".encode()).hexdigest()[:12]
 
 
-def fence(text: str, tag: str = "source", **attributes: str | int) -> str:
-    """Wrap document text in ``<tag ...>`` … ``</tag>`` so prompts can declare it to be data."""
+def fence(text: str, tag: str = "source", *, guard: bool = True, cut: Sequence[tuple[int, int]] = (),
+          **attributes: str | int) -> str:
+    """Wrap document text in ``<tag ...>`` … ``</tag>`` so prompts can declare it to be data.
+
+    Chat-template control tokens are always made inert; with ``guard`` (the ``injection_guard``
+    setting, on unless a user asks about instruction-like text itself), instruction spans, and the
+    ``cut`` ranges found in the text's book at ingestion, are replaced by a marker too
+    (``prompts.injection``).
+    """
+    text = injection.break_control_tokens(injection.neutralise(text, cut) if guard else text)
     safe = re.sub(rf"<(/?)\s*{tag}\b", lambda m: f"<{m.group(1)}{tag}\u200b", text, flags=re.IGNORECASE)
     attrs = "".join(f' {k}="{v}"' for k, v in attributes.items())
     return f"<{tag}{attrs}>\n{safe}\n</{tag}>"

@@ -28,6 +28,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 from pathlib import Path
 
 import bm25s
@@ -199,10 +200,11 @@ class ChunkIndex:
     @classmethod
     def for_collection(cls, store: Mindscape) -> ChunkIndex:
         """Load the index of the collection's current chunks, or build it beside the window indexes."""
-        key = hashlib.sha256(f"{TOKENIZER_VERSION}|chunks\n{store.version()!r}".encode()).hexdigest()[:20]
+        version = store.version()
+        key = hashlib.sha256(f"{TOKENIZER_VERSION}|chunks\n{version!r}".encode()).hexdigest()[:20]
         path = mia_home() / "bm25" / store.name / f"chunks-{key}"
         if not (path / "chunks.json").exists():
-            _build_chunks(store, path)
+            return cls(*_build_chunks(store, path, version))
         return cls(*_load_chunks(str(path)))
 
     def search(self, query: str, k: int) -> list[str]:
@@ -215,22 +217,28 @@ class ChunkIndex:
         return [self.ids[i] for i in order if scores[i] > 0]
 
 
-def _build_chunks(store: Mindscape, path: Path) -> None:
+def _build_chunks(store: Mindscape, path: Path, version: tuple[Any, ...]) -> tuple[list[str], bm25s.BM25]:
+    """Index the committed chunks; saved under ``path`` (named by ``version``) only if no writer
+    changed the books while they were read, since the rows read could then mix two versions."""
     got = store.chunks.get(where=store.committed_filter(), include=["documents"])
     pairs = sorted(zip(got["ids"], got["documents"]))
     retriever = bm25s.BM25()
     if pairs:
         retriever.index([tokenize(text) for _, text in pairs], show_progress=False)
+    ids = [i for i, _ in pairs]
+    if Mindscape(store.name, store.client).version() != version:
+        return ids, retriever
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if pairs:
         retriever.save(str(tmp), show_progress=False)
-    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": TOKENIZER_VERSION, "ids": [i for i, _ in pairs]}))
+    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": TOKENIZER_VERSION, "ids": ids}))
     try:
         tmp.rename(path)
     except OSError:  # another process finished the same index first; theirs is identical
         shutil.rmtree(tmp, ignore_errors=True)
+    return ids, retriever
 
 
 @lru_cache(maxsize=8)

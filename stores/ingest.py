@@ -20,6 +20,7 @@ import numpy as np
 from langchain_core.language_models import BaseChatModel
 from tqdm import tqdm
 
+from prompts.injection import encode, instruction_spans, suspect_ranges, within
 from stores import summaries as summ
 from stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
 from stores.embeddings import Embedder
@@ -312,7 +313,14 @@ def _write_book(
     chunks, windows = prepared.chunks, prepared.windows
     summary_ids = [f"{source.book}:s{j:05d}" for j in range(len(windows))]
     owner = {c.index: summary_ids[j] for j, window in enumerate(windows) for c in window}
-    chunk_meta = [_chunk_metadata(mindscape.name, source.book, order, c, owner.get(c.index, "")) for c in chunks]
+    # Instruction-like text is found once in the whole body, so a span that a chunk boundary cuts
+    # in two is still known to both chunks (their metadata carries their share, chunk-relative).
+    start, end = prepared.body
+    body = source.text[start:end]
+    cut = [(a + start, b + start) for a, b in ((s.start, s.end) for s in instruction_spans(body))]
+    trace = [(a + start, b + start) for a, b in suspect_ranges(body)]
+    chunk_meta = [{**_chunk_metadata(mindscape.name, source.book, order, c, owner.get(c.index, "")),
+                   **_guard_metadata(cut, trace, c)} for c in chunks]
     mindscape.begin_book(source.book, order)
     mindscape.upsert("chunks", [f"{source.book}:c{c.index:06d}" for c in chunks], prepared.chunk_vectors, [c.text for c in chunks], chunk_meta)
     if windows:
@@ -322,20 +330,27 @@ def _write_book(
             for j, w in enumerate(windows)
         ]
         mindscape.upsert("summaries", summary_ids, prepared.summary_vectors, prepared.summary_texts, summary_meta)
-    start, end = prepared.body
-    tokens = count_tokens(source.text[start:end])
+    tokens = count_tokens(body)
     mindscape.commit_book(source.book, source.text, {
         "order": order, "hash": digest, "file": source.path.name, "chunks": len(chunks), "summaries": len(windows),
         "tokens": tokens, "chunk_size": options.chunk_size, "overlap": options.overlap, "window": options.window,
         "summarizer": method, "chunker": options.chunker, "body_start": start, "body_end": end,
         "window_unit": options.window_unit, "window_starts": ",".join(str(w[0].index) for w in windows),
         "left_out_tokens": count_tokens(source.text[:start]) + count_tokens(source.text[end:]),
+        "instruction_spans": len(cut),
     })
     report.seconds["writing"] += time.perf_counter() - clock
     report.books_written.append(source.book)
     report.chunks += len(chunks)
     report.summaries += len(windows)
     report.tokens += tokens
+
+
+def _guard_metadata(cut: list[tuple[int, int]], trace: list[tuple[int, int]], chunk: Chunk) -> dict[str, str]:
+    """``guard_cut`` (cut from prompts) and ``guard_trace`` (outputs may not come from there), only
+    for the few chunks that have any."""
+    mine = {"guard_cut": encode(within(cut, chunk.start, chunk.end)), "guard_trace": encode(within(trace, chunk.start, chunk.end))}
+    return {k: v for k, v in mine.items() if v}
 
 
 def _chunk_metadata(collection: str, book: str, order: int, chunk: Chunk, summary_id: str) -> dict[str, Any]:

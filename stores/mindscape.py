@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from stores.settings import Settings, offline_environment, writable_dir
+from stores.writer_lock import store_path, writer_lock
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
 SUFFIXES = ("__chunks", "__summaries", "__books")
@@ -139,8 +140,9 @@ class Mindscape:
 
     def _book_row(self, book: str) -> tuple[str, dict[str, Any]]:
         got = self.books.get(ids=[book], include=["documents", "metadatas"])
-        if not got["ids"]:
-            raise MindscapeError(f"collection {self.name!r} has no book {book!r}")
+        if not got["ids"] or got["metadatas"][0].get(PENDING):
+            raise MindscapeError(f"collection {self.name!r} has no committed book {book!r}: "
+                                 "it is being written (or its ingestion was interrupted); rerun `mia ingest` to finish it")
         return got["documents"][0], got["metadatas"][0]
 
     def ordered_books(self) -> list[str]:
@@ -154,9 +156,11 @@ class Mindscape:
             return []
         include = ["metadatas", "documents"] if documents else ["metadatas"]
         got = self.chunks.get(ids=list(ids), include=include)
+        committed = self.committed_books()
         by_id = {
             i: {"id": i, **m, **({"text": d} if documents else {})}
             for i, m, d in zip(got["ids"], got["metadatas"], got.get("documents") or [None] * len(got["ids"]))
+            if m.get("book") in committed  # ids are deterministic: a book being rewritten reuses them
         }
         return [by_id[i] for i in ids if i in by_id]
 
@@ -164,7 +168,9 @@ class Mindscape:
         if not ids:
             return []
         got = self.summaries.get(ids=list(ids), include=["metadatas", "documents"])
-        by_id = {i: {"id": i, **m, "text": d} for i, m, d in zip(got["ids"], got["metadatas"], got["documents"])}
+        committed = self.committed_books()
+        by_id = {i: {"id": i, **m, "text": d} for i, m, d in zip(got["ids"], got["metadatas"], got["documents"])
+                 if m.get("book") in committed}
         return [by_id[i] for i in ids if i in by_id]
 
     def vectors(self, collection: str, ids: Sequence[str]) -> np.ndarray:
@@ -181,7 +187,7 @@ class Mindscape:
 
     def version(self) -> tuple[Any, ...]:
         """Changes whenever a book is added, replaced or removed: its commit row carries the content
-        hash and the chunking options, and is deleted first and written last by every ingestion.
+        hash and the chunking options, and is turned pending first and committed last by every ingestion.
         Read once per instance (an instance lives for one node call)."""
         if self._books is None:
             self._books = self.book_records(pending=True)
@@ -193,12 +199,13 @@ class Mindscape:
         return {b: r for b, r in self._books.items() if not r.get(PENDING)}
 
     def uncommitted_chunks(self) -> int:
-        """How many stored chunks belong to no committed book (0 unless an ingestion is running or
-        was killed). Committed books hold exactly the chunks their rows count, because their rows
-        are replaced only while the book is pending; so one count answers it."""
+        """How far the stored chunks are from the committed books' counts (0 unless an ingestion is
+        running or was killed). Committed books hold exactly the chunks their rows count, because
+        their rows are replaced only while the book is pending; so one count answers it."""
         if self._uncommitted is None:
             expected = sum(int(r.get("chunks", 0)) for r in self.committed_books().values())
-            self._uncommitted = max(self.chunks.count() - expected, 0)
+            # Fewer rows than counted means a book was turned pending after this snapshot: filter too.
+            self._uncommitted = abs(self.chunks.count() - expected)
         return self._uncommitted
 
     def committed_filter(self, where: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -276,15 +283,17 @@ class Mindscape:
         return out
 
     def stats(self) -> dict[str, Any]:
-        records = self.book_records()
-        pending = sorted(set(self.book_records(pending=True)) - set(records))
+        rows = self.book_records(pending=True)
+        records = {b: r for b, r in rows.items() if not r.get(PENDING)}
+        pending = sorted(set(rows) - set(records))
         return {
             "collection": self.name,
             "embedder": self.embedder,
             "books": [
                 {"book": b, "order": records[b]["order"], "chunks": records[b]["chunks"],
                  "summaries": records[b]["summaries"], "tokens": records[b]["tokens"],
-                 "chunker": records[b].get("chunker", "window"), "left_out_tokens": records[b].get("left_out_tokens", 0)}
+                 "chunker": records[b].get("chunker", "window"), "left_out_tokens": records[b].get("left_out_tokens", 0),
+                 "instruction_spans": records[b].get("instruction_spans", 0)}
                 for b in sorted(records, key=lambda b: records[b]["order"])
             ],
             "chunks": sum(int(r["chunks"]) for r in records.values()),
@@ -338,6 +347,11 @@ def _parse_starts(joined: str) -> tuple[int, ...]:
 def delete_mindscape(name: str, client: Any | None = None) -> None:
     client = client if client is not None else chroma_client()
     validate_name(name)
+    with writer_lock(store_path(client)):
+        _delete(name, client)
+
+
+def _delete(name: str, client: Any) -> None:
     if name not in list_mindscapes(client):
         raise MindscapeError(f"unknown collection {name!r}: `mia ls` lists the collections")
     for suffix in SUFFIXES:

@@ -2,16 +2,16 @@
 
 Embedded Chroma is not process-safe: two processes writing one store can corrupt its vector
 index, and each keeps its own in-memory copy. So ingestion and removal hold an OS file lock
-(``flock``, released by the kernel when the holder dies, even by SIGKILL) under
-``MIA_HOME/locks``, one per store folder. A second writer is refused at once with the holder's
-PID and what to do; readers take no lock and keep working. A Chroma server (``MIA_CHROMA_URL``)
-orders writes itself, so no lock is taken for one.
+(``flock``, released by the kernel when the holder dies, even by SIGKILL) kept in the store
+folder itself (by default under ``MIA_HOME``), so that two processes with different ``MIA_HOME``
+but the same ``MIA_CHROMA_PATH`` exclude each other too. A second writer is refused at once with
+the holder's PID and what to do; readers take no lock and keep working. A Chroma server
+(``MIA_CHROMA_URL``) orders writes itself, so no lock is taken for one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -21,12 +21,13 @@ from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
 
-from stores.mindscape import MindscapeError
-from stores.settings import Settings, mia_home, writable_dir
+from stores.settings import Settings, writable_dir
+
+LOCK_NAME = "mia-writer.lock"
 
 
-class StoreBusy(MindscapeError):
-    """Another process (or thread) is writing the same embedded store."""
+class StoreBusy(ValueError):
+    """Another process (or thread) is writing the same embedded store (a user-facing error)."""
 
 
 def store_path(client: Any) -> Path | None:
@@ -42,9 +43,8 @@ def settings_store_path(settings: Settings | None = None) -> Path | None:
 
 
 def _lock_files(store: Path) -> tuple[Path, Path]:
-    folder = writable_dir(mia_home() / "locks", "MIA_HOME")
-    stem = f"chroma-{hashlib.sha256(str(store).encode()).hexdigest()[:16]}"
-    return folder / f"{stem}.lock", folder / f"{stem}.holder.json"
+    folder = writable_dir(store, "MIA_CHROMA_PATH or MIA_HOME")
+    return folder / LOCK_NAME, folder / "mia-writer.holder.json"
 
 
 def _holder(info: Path) -> str:

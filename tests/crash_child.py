@@ -27,7 +27,6 @@ from stores.bm25 import ChunkIndex
 from stores.embeddings import load_embedder
 from stores.ingest import IngestOptions, ingest
 from stores.mindscape import Mindscape
-from stores.settings import mia_home
 from stores.summaries import SummaryCache
 
 OPTIONS = IngestOptions(chunk_size=80, window=3, summarizer="extractive")
@@ -105,6 +104,7 @@ def snapshot(store: Path, collection: str) -> dict[str, Any]:
     return {"chunks": rows(view.chunks), "summaries": rows(view.summaries), "books": rows(view.books, vectors=False)}
 
 
-def lock_holders() -> list[dict[str, Any]]:
-    """The writers now holding a store lock under MIA_HOME, as their holder files describe them."""
-    return [json.loads(p.read_text()) for p in sorted((mia_home() / "locks").glob("*.holder.json"))]
+def lock_holders(store: Path) -> list[dict[str, Any]]:
+    """The writer now holding the store's lock, as its holder file describes it (none: [])."""
+    info = store / "mia-writer.holder.json"
+    return [json.loads(info.read_text())] if info.exists() else []

@@ -119,18 +119,19 @@ def test_killed_replacements_are_invisible_and_end_as_a_clean_run(library: dict[
 @pytest.fixture
 def paused_writer(library: dict[str, Any], children: Children, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A child ingesting the new books into a copy of the store, holding the writer lock and
-    paused before its third Chroma write until the test creates the ``release`` file."""
+    paused half way through replacing the changed book (before its fifth Chroma write: the book
+    is pending, its old rows are gone, some new chunks are in) until the test creates ``release``."""
     store, release = tmp_path / "store", tmp_path / "release"
     shutil.copytree(library["base"] / "template", store)
     result: dict[str, Any] = {"store": store, "release": release}
     worker = threading.Thread(target=lambda: result.update(
-        outcome=children.call("ingest_books", store, tmp_path / "cache.sqlite", library["paths"]["new"], "shelf", None, 3, release)))
+        outcome=children.call("ingest_books", store, tmp_path / "cache.sqlite", library["paths"]["new"], "shelf", None, 5, release)))
     worker.start()
-    holder = next(iter(crash_child.lock_holders()), None)
+    holder = next(iter(crash_child.lock_holders(store)), None)
     deadline = time.monotonic() + 120
     while holder is None and time.monotonic() < deadline and worker.is_alive():
         time.sleep(0.1)
-        holder = next(iter(crash_child.lock_holders()), None)
+        holder = next(iter(crash_child.lock_holders(store)), None)
     assert holder is not None, "the first writer never took the lock"
     result["holder"] = holder
     try:
@@ -153,9 +154,11 @@ def test_a_second_writer_is_refused_at_once_and_the_first_finishes(paused_writer
     assert "wait" in message and "MIA_CHROMA_URL" in message
     assert elapsed < 10, f"refused only after {elapsed:.1f}s"  # includes the interpreter's start; the lock itself is immediate
 
-    # Readers still work while the writer holds the lock.
+    # Readers still work while the writer holds the lock, and see none of its half-written rows.
     listing = subprocess.run([sys.executable, "-m", "mia_cli", "ls"], env=_env(store), capture_output=True, text=True, timeout=60)
-    assert listing.returncode == 0 and "shelf:" in listing.stdout
+    assert listing.returncode == 0 and "shelf:" in listing.stdout and "unfinished ingestion (golden-goose)" in listing.stdout
+    seen = children.call("read_everything", store, "shelf", QUERIES)[1]
+    assert seen["foreign"] == [] and seen["unfinished"]["chunks"] > 0 and seen["returned"] > 0
 
     paused_writer["release"].touch()
     deadline = time.monotonic() + 180
@@ -163,7 +166,7 @@ def test_a_second_writer_is_refused_at_once_and_the_first_finishes(paused_writer
         time.sleep(0.1)
     assert paused_writer.get("outcome", (None,))[0] == 0
     assert children.call("snapshot", store, "shelf")[1] == library["clean"]
-    assert crash_child.lock_holders() == []
+    assert crash_child.lock_holders(store) == []
 
 
 def _env(store: Path) -> dict[str, str]:
@@ -191,4 +194,4 @@ def test_the_lock_is_reentrant_in_a_thread_and_refused_to_another(tmp_path: Path
     assert len(outcome) == 1 and outcome[0].startswith(f"the store {tmp_path} is being written by PID ")
     with writer_lock(tmp_path):  # released on exit
         pass
-    assert crash_child.lock_holders() == []
+    assert crash_child.lock_holders(tmp_path) == []
