@@ -294,7 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mia: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
-    except _user_errors() + (ValueError,) as exc:
+    except (CliError, ValueError) as exc:  # most user errors; recognised without importing the stores (a busy store: < 1 s)
+        print(f"mia: error: {exc}", file=sys.stderr)
+        return 2
+    except _user_errors() as exc:
         print(f"mia: error: {exc}", file=sys.stderr)
         return 2
     except _connection_errors() as exc:

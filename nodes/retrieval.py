@@ -245,12 +245,11 @@ def membership_prior(
     owners: list[str | None] = [o or None for o in store.summary_of(ids)]
     members = [s for s, w in weights.items() if w > 0.0]
     if members and max(weights.values()) >= gate:
-        got = store.chunks.get(where=store.committed_filter({"summary_id": {"$in": members}}), include=["metadatas"])
         seen = set(ids)
-        for cid, meta in zip(got["ids"], got["metadatas"]):
+        for cid, owner in store.session_members(members):
             if cid not in seen:
                 ids.append(cid)
-                owners.append(meta.get("summary_id"))
+                owners.append(owner)
                 seen.add(cid)
     if not ids:
         return []

@@ -231,6 +231,11 @@ class Mindscape:
             _SUMMARY_VECTORS[key] = cached
         return cached[1], cached[2]
 
+    def session_members(self, summary_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """(chunk id, summary id) of every committed chunk in the given sessions."""
+        got = self.chunks.get(where=self.committed_filter({"summary_id": {"$in": list(summary_ids)}}), include=["metadatas"])
+        return [(i, m["summary_id"]) for i, m in zip(got["ids"], got["metadatas"])]
+
     def chunks_of_summary(self, summary_id: str) -> list[str]:
         got = self.chunks.get(where={"summary_id": summary_id}, include=["metadatas"])
         pairs = sorted(zip(got["ids"], got["metadatas"]), key=lambda p: p[1]["index"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pytest
@@ -52,16 +51,6 @@ def test_gate_falls_back_to_query_only() -> None:
     assert not prior_scores(s_qry, ["a", "b", None], {}, 0.5, 0.0)[2]
 
 
-class _Chunks:
-    def __init__(self, owners: dict[str, str]) -> None:
-        self.owners = owners
-
-    def get(self, where: dict[str, Any], include: list[str]) -> dict[str, list[Any]]:
-        wanted = set(where["summary_id"]["$in"])
-        ids = [i for i, s in self.owners.items() if s in wanted]
-        return {"ids": ids, "metadatas": [{"summary_id": self.owners[i]} for i in ids]}
-
-
 class _Hit:
     def __init__(self, id_: str, score: float) -> None:
         self.id, self.score = id_, score
@@ -74,7 +63,6 @@ class FakeStore:
         angles = {"c1": 0.0, "c2": 0.3, "c3": 0.6, "c4": 1.2}
         self.vecs = {i: np.array([math.cos(a), math.sin(a)], dtype=np.float32) for i, a in angles.items()}
         self.owners = {"c1": "s1", "c2": "s1", "c3": "s2", "c4": "s2"}
-        self.chunks = _Chunks(self.owners)
 
     def search_chunks(self, vector: np.ndarray, k: int) -> list[_Hit]:
         scored = sorted(((float(v @ vector), i) for i, v in self.vecs.items()), reverse=True)[:k]
@@ -82,6 +70,9 @@ class FakeStore:
 
     def summary_of(self, ids: list[str]) -> list[str]:
         return [self.owners[i] for i in ids]
+
+    def session_members(self, summary_ids: list[str]) -> list[tuple[str, str]]:
+        return [(i, s) for i, s in self.owners.items() if s in summary_ids]
 
     def vectors(self, collection: str, ids: list[str]) -> np.ndarray:
         return np.stack([self.vecs[i] for i in ids])
