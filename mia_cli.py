@@ -103,10 +103,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from stores.mindscape import delete_mindscape
-    from stores.writer_lock import settings_store_path, writer_lock
 
-    with writer_lock(settings_store_path()):
-        delete_mindscape(args.collection)
+    delete_mindscape(args.collection)  # takes the store's writer lock itself
     print(f"removed {args.collection}")
     return 0
 

@@ -170,10 +170,11 @@ def _cut(text: str, ranges: Iterable[tuple[int, int]], filler: str) -> str:
     return "".join(out)
 
 
-def suspect_ranges(text: str) -> Ranges:
-    """Where an output may not come from: instruction spans, sentences addressed to an assistant
-    or dictating the answer to whoever is asked, and chat turns."""
-    ranges = [(s.start, s.end) for s in instruction_spans(text)]
+def suspect_ranges(text: str, spans: Sequence[Span] | None = None) -> Ranges:
+    """Where an output may not come from: instruction spans (``spans``, when the caller has already
+    found them in ``text``), sentences addressed to an assistant or dictating the answer to whoever
+    is asked, and chat turns."""
+    ranges = [(s.start, s.end) for s in (instruction_spans(text) if spans is None else spans)]
     ranges += [(_sentence_start(text, m.start()), _sentence_end(text, m.end())) for m in _ADDRESSED.finditer(text)]
     ranges += [(m.start(), m.end()) for m in _TURN.finditer(text)]
     return [(s.start, s.end) for s in _merge(Span(a, b, "suspect") for a, b in ranges)]

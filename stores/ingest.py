@@ -317,8 +317,9 @@ def _write_book(
     # in two is still known to both chunks (their metadata carries their share, chunk-relative).
     start, end = prepared.body
     body = source.text[start:end]
-    cut = [(a + start, b + start) for a, b in ((s.start, s.end) for s in instruction_spans(body))]
-    trace = [(a + start, b + start) for a, b in suspect_ranges(body)]
+    spans = instruction_spans(body)  # one pass over the book: the trace ranges include these
+    cut = [(s.start + start, s.end + start) for s in spans]
+    trace = [(a + start, b + start) for a, b in suspect_ranges(body, spans)]
     chunk_meta = [{**_chunk_metadata(mindscape.name, source.book, order, c, owner.get(c.index, "")),
                    **_guard_metadata(cut, trace, c)} for c in chunks]
     mindscape.begin_book(source.book, order)
