@@ -294,13 +294,43 @@ def report(summary: dict[str, Any], done: dict[Any, dict[str, Any]], command: st
     return "\n".join(lines) + "\n"
 
 
+def false_positives() -> str:
+    """Instruction spans found in the shared clean texts (all FairytaleQA stories, every book, the
+    multi-hop paragraphs), and FairytaleQA train/val gold answers traced as planted in their own
+    section: what the guard would wrongly cut or reject."""
+    from prompts.injection import instruction_spans, planted
+
+    base = data_root() / "fairytaleqa" / "data-by-train-split"
+    texts = ["\n\n".join(r["text"] for r in _rows(p)) for p in sorted((base / "section-stories" / "all").glob("*-story.csv"))]
+    texts += [p.read_text(encoding="utf-8", errors="replace") for p in sorted((data_root() / "books").rglob("*.txt"))]
+    texts += [line for p in sorted((data_root() / "multihop").glob("*.json")) for line in p.read_text(encoding="utf-8").splitlines()]
+    spans = sum(len(instruction_spans(t)) for t in tqdm(texts, desc="clean texts", leave=False))
+    asked = traced = 0
+    for split in ("train", "val"):
+        for path in sorted((base / "questions" / split).glob("*-questions.csv")):
+            sections = {r["section"]: r["text"] for r in _rows(base / "section-stories" / split / path.name.replace("-questions", "-story"))}
+            for q in _rows(path):
+                section = sections.get(q["cor_section"].split(",")[0].strip())
+                if section:
+                    asked += 1
+                    traced += planted(q["answer1"], [section], (q["question"],))
+    return (f"{spans} instruction spans in {sum(map(len, texts)) / 1e6:.1f}M characters of clean text ({len(texts)} texts); "
+            f"{traced} of {asked} FairytaleQA train/val gold answers traced as planted in their own section")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evals.injection", description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", default="val", choices=("train", "val", "test"), help="FairytaleQA split (develop on val)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated graphs")
-    parser.add_argument("--out", type=Path, required=True, help="results folder (results.jsonl resumes)")
+    parser.add_argument("--out", type=Path, help="results folder (results.jsonl resumes)")
+    parser.add_argument("--false-positives", action="store_true", help="only count what the guard flags in the shared clean texts")
     args = parser.parse_args(argv)
+    if args.false_positives:
+        print(false_positives())
+        return 0
+    if args.out is None:
+        parser.error("--out is required (the results folder)")
     graphs = tuple(g for g in args.graphs.split(",") if g)
     command = f"python -m evals.injection --split {args.split} --seed {args.seed} --graphs {','.join(graphs)} --out {args.out}"
     summary = run(args.split, args.seed, args.out, graphs, progress=True)

@@ -144,15 +144,13 @@ def paused_writer(library: dict[str, Any], children: Children, tmp_path: Path) -
 def test_a_second_writer_is_refused_at_once_and_the_first_finishes(paused_writer: dict[str, Any], library: dict[str, Any],
                                                                      children: Children, isolated_environment: Path) -> None:
     store = paused_writer["store"]
-    started = time.monotonic()
     second = subprocess.run([sys.executable, "-m", "mia_cli", "ingest", *map(str, library["paths"]["new"]), "--collection", "shelf",
                              "--summarizer", "extractive"], env=_env(store), capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - started
     assert second.returncode == 2, second.stderr
     message = second.stderr.strip().splitlines()[-1]
     assert message.startswith("mia: error:") and f"PID {paused_writer['holder']['pid']}" in message
     assert "wait" in message and "MIA_CHROMA_URL" in message
-    assert elapsed < 10, f"refused only after {elapsed:.1f}s"  # includes the interpreter's start; the lock itself is immediate
+    # How fast: evals/bench_lock.py (speed goals are benchmarks, not timed assertions).
 
     # Readers still work while the writer holds the lock, and see none of its half-written rows.
     listing = subprocess.run([sys.executable, "-m", "mia_cli", "ls"], env=_env(store), capture_output=True, text=True, timeout=60)
