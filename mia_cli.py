@@ -17,6 +17,8 @@ from stores.settings import data_root, offline_environment
 
 DEMO_BOOK = Path("books") / "holmes" / "a_study_in_scarlet.txt"
 DEMO_COLLECTION = "demo-holmes"
+SUMMARIZER_CHOICES = ("llm", "llm-excerpt", "extractive", "none")
+"""stores.ingest.SUMMARIZERS, spelled out so that parsing the command line imports no store (a test keeps them equal)."""
 DEMO_QUESTION = "In which country was Dr. Watson wounded while serving as an army surgeon?"
 
 
@@ -52,7 +54,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     with writer_lock(settings_store_path()):
         from stores.chat import load_chat_model
         from stores.embeddings import load_embedder
-        from stores.ingest import IngestOptions, collect_sources, ingest
+        from stores.ingest import LLM_SUMMARIZERS, IngestOptions, collect_sources, ingest
         from stores.mindscape import chroma_client, validate_name
 
         options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer,
@@ -62,13 +64,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         collect_sources(args.paths)  # fail on bad input before loading any model
         chroma_client()  # and on an unusable store (cached: ingest reuses this client)
         embedder = load_embedder(args.embedder or "")
-        llm = load_chat_model() if args.summarizer == "llm" else None
+        llm = load_chat_model() if args.summarizer in LLM_SUMMARIZERS else None
         started = time.perf_counter()
         report = ingest(args.paths, args.collection, embedder, options=options, llm=llm, progress=not args.quiet)
     elapsed = time.perf_counter() - started
     print(
         f"{args.collection}: {len(report.books_written)} book(s) written, {len(report.books_unchanged)} unchanged; "
-        f"{report.chunks} chunks, {report.summaries} summaries ({report.summaries_from_cache} from cache), "
+        f"{report.chunks} chunks{f' ({report.chunks_reused} vectors reused)' if report.chunks_reused else ''}, "
+        f"{report.summaries} summaries ({report.summaries_from_cache} from cache), "
         f"{report.llm_calls} LLM calls, {elapsed:.1f}s"
     )
     return 0
@@ -210,18 +213,51 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Ingest the demo book and answer one question, first answer as early as the chunks allow.
+
+    On a new collection the chunks go in first (no summaries) and ``rag``, which reads chunks only,
+    answers at once; then the session summaries are written into the same book (its chunk vectors
+    are reused) and ``mia_rag`` answers with its signature. A rerun finds everything in place.
+    """
+    from stores.mindscape import chroma_client, list_mindscapes
+
     book = data_root() / DEMO_BOOK
     if not book.exists():
         raise CliError(f"demo book {book} not found: set MIA_DATA to the shared data folder (it holds books/holmes/)")
-    ingest_args = argparse.Namespace(paths=[str(book)], collection=DEMO_COLLECTION, summarizer=args.summarizer,
-                                     chunk_size=200, overlap=0, window=20, window_unit="chunks", chunker="window",
-                                     keep_front_matter=False, embedder="", quiet=False)
-    cmd_ingest(ingest_args)
-    cmd_ls(argparse.Namespace(json=False))
-    for graph_name in ("rag", "mia_rag"):
+    started = time.perf_counter()
+    stages: list[tuple[str, float]] = []
+
+    def stage(name: str, run: Any) -> None:
+        clock = time.perf_counter()
+        run()
+        stages.append((name, time.perf_counter() - clock))
+
+    def ingest_with(summarizer: str) -> None:
+        cmd_ingest(argparse.Namespace(paths=[str(book)], collection=DEMO_COLLECTION, summarizer=summarizer, chunk_size=200,
+                                      overlap=0, window=20, window_unit="chunks", chunker="window",
+                                      keep_front_matter=False, embedder="", quiet=False))
+
+    def ask(graph_name: str) -> None:
         print(f"\n== {graph_name}: {DEMO_QUESTION}")
         cmd_ask(argparse.Namespace(question=DEMO_QUESTION, collection=DEMO_COLLECTION, graph=graph_name,
                                    explain=False, json=False, set=[], option=[]))
+
+    fresh = DEMO_COLLECTION not in list_mindscapes(chroma_client())
+    if fresh and args.summarizer != "none":
+        stage("chunks in (no summaries yet)", lambda: ingest_with("none"))
+        print(f"\nsession summaries ({args.summarizer}) are written next; rag reads chunks only, so it answers now")
+        stage("first answer (rag)", lambda: ask("rag"))
+        stage(f"session summaries ({args.summarizer})", lambda: ingest_with(args.summarizer))
+    else:
+        stage(f"ingestion ({args.summarizer})", lambda: ingest_with(args.summarizer))
+        stage("answer (rag)", lambda: ask("rag"))
+    print()
+    cmd_ls(argparse.Namespace(json=False))
+    stage("answer (mia_rag)", lambda: ask("mia_rag"))
+    print("\ndemo stages:", file=sys.stderr)
+    for name, seconds in stages:
+        print(f"  {name:<36} {seconds:7.1f} s", file=sys.stderr)
+    print(f"  {'total':<36} {time.perf_counter() - started:7.1f} s", file=sys.stderr)
     return 0
 
 
@@ -232,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="turn text files into a mindscape (chunks + session summaries in Chroma)")
     p.add_argument("paths", nargs="+", help=".txt/.md files or folders; one file is one book, in the order given")
     p.add_argument("--collection", required=True, help="collection name (lowercase letters, digits, - and _)")
-    p.add_argument("--summarizer", choices=["llm", "extractive", "none"], default="llm",
-                   help="session summaries by the chat model (default), extractive (no LLM), or none")
+    p.add_argument("--summarizer", choices=SUMMARIZER_CHOICES, default="llm",
+                   help="session summaries by the chat model from the whole window (llm, the default) or from an "
+                        "~800-token excerpt of its most central sentences (llm-excerpt), extractive (no LLM), or none")
     p.add_argument("--chunk-size", type=int, default=200, help="most tiktoken tokens per chunk (default 200)")
     p.add_argument("--overlap", type=int, default=0, help="tokens shared by consecutive chunks (default 0)")
     p.add_argument("--window", type=int, default=20, help="chunks per session summary, W (default 20)")
@@ -269,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ask)
 
     p = sub.add_parser("demo", help="ingest a demo book from the shared data and answer a question about it")
-    p.add_argument("--summarizer", choices=["llm", "extractive"], default="llm")
+    p.add_argument("--summarizer", choices=SUMMARIZER_CHOICES, default="llm",
+                   help="session summaries of the demo collection (default llm)")
     p.set_defaults(func=cmd_demo)
 
     from evals import bench, cli as eval_cli

@@ -13,6 +13,8 @@ the goals are printed next to the figures for a person to read.
   (retrieval only, no LLM), per stage (query embedding, E1, signature selection, E2) from the node
   functions, and end to end through the compiled graphs. Goals: mia_rag / rag ≤ 1.5, selection
   ≤ 5 ms at K0 = 50.
+* ``mia bench llm``: the embedded model's prompt and generated tokens/s through the project's call
+  path against a bare llama.cpp call, idle and beside one busy process (``evals/bench_llm.py``).
 
 Adding a benchmark (``serve``, ``cost``, ...): write ``add_NAME_bench(benches)``, which adds its
 parser with ``func=`` its handler (returning an exit code), and list it in :data:`BENCHMARKS`.
@@ -31,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from evals.bench_llm import add_llm_bench
 from evals.bench_serve import add_serve_bench
 from stores.settings import data_root
 
@@ -356,7 +359,7 @@ def add_retrieval_bench(benches: Any) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 # registration
 
-BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_serve_bench]
+BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_serve_bench, add_llm_bench]
 """One entry per ``mia bench`` subcommand, in the order ``mia bench --help`` lists them."""
 
 

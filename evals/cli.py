@@ -45,7 +45,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         length=args.length, retrieval_only=args.retrieval_only, limit=args.limit, seed=args.seed, out=out,
         settings=settings, sweeps=sweeps, concurrency=args.concurrency, progress=not args.json and not args.quiet,
         summarizer=args.summarizer, texts=args.texts, questions_file=args.questions, command=command_line(args, out),
-        reuse=args.reuse or [], baselines=args.baseline or [],
+        reuse=args.reuse or [], baselines=args.baseline or [], origins=_csv(args.origins) if args.origins else (),
     )
     if args.json:
         print(json.dumps(results.summary))
@@ -68,6 +68,8 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
         argv.append("--retrieval-only")
     if args.limit is not None:
         argv += ["--limit", str(args.limit)]
+    if args.origins:
+        argv += ["--origins", args.origins]
     argv += ["--seed", str(args.seed)]
     for item in args.set or []:
         argv += ["--set", item]
@@ -108,6 +110,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--split", help="question split (default: test; multihop-synth: dev)")
     p.add_argument("--length", type=_lengths, metavar="TOKENS[,TOKENS...]",
                    help="multihop-synth document length(s) in tokens (default 32000)")
+    p.add_argument("--origins", help="fairytale-series: comma-separated FairytaleQA origin books to merge (default: "
+                                     "norwegian, scottish, swedish and lilac fairybooks), e.g. scottish-fairybook")
     p.add_argument("--systems", required=True, help="comma-separated graph names, e.g. rag,mia_rag")
     p.add_argument("--retrieval-only", action="store_true",
                    help="stop after retrieval (no chat model); top_k defaults to 20 so recall@20 is defined")
@@ -117,12 +121,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with per-system averages")
     p.add_argument("--set", action="append", metavar="[SYSTEM:]KEY=VALUE",
                    help="a context setting (e.g. alpha=0.2) or ingestion option (chunk_size, overlap, window, chunker, "
-                        "keep_front_matter); repeat")
+                        "keep_front_matter, summarizer); repeat")
     p.add_argument("--sweep", action="append", metavar="[SYSTEM:]KEY=V1,V2",
                    help="run each system once per value, named e.g. mia_rag[alpha=0.2]; several sweeps combine")
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight at once (default 1)")
-    p.add_argument("--summarizer", choices=["extractive", "llm"], default="extractive",
-                   help="session summaries for ingestion (default extractive: no LLM)")
+    p.add_argument("--summarizer", choices=["extractive", "llm", "llm-excerpt"], default="extractive",
+                   help="session summaries for ingestion (default extractive: no LLM); --sweep summarizer=... "
+                        "compares several in one run")
     p.add_argument("--texts", type=Path, help="custom: folder of .txt/.md files, one per book")
     p.add_argument("--questions", type=Path, help="custom: JSONL of questions")
     p.add_argument("--reuse", action="append", type=Path, metavar="DIR",

@@ -45,12 +45,12 @@ from evals.datasets import BUILDERS, Dataset, load_dataset
 from graph import registry
 from nodes.context import Context, coerce_setting, context_from
 from stores.embeddings import load_embedder
-from stores.ingest import IngestOptions, Summarizer, book_id, ingest
+from stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, book_id, ingest
 from stores.mindscape import Mindscape
 from stores.settings import mia_home
 
 RECALL_KS = (1, 5, 10, 20)
-INGEST_KEYS = tuple(f.name for f in fields(IngestOptions) if f.name != "summarizer")
+INGEST_KEYS = tuple(f.name for f in fields(IngestOptions))
 """Settings that shape the collection rather than the run: changing one means another collection."""
 INGEST_REFERENCE: dict[str, Any] = {"chunker": "window", "keep_front_matter": False, "window_unit": "chunks"}
 """Ingestion options added after results were first cached, at the values that reproduce the older
@@ -221,7 +221,7 @@ def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, s
         key: coerce_setting(kinds[key], raw[key], key) if isinstance(raw[key], str) else raw[key]
         for key in INGEST_KEYS if key in raw
     }
-    options = IngestOptions(**ingest_values, summarizer=summarizer)
+    options = IngestOptions(**{"summarizer": summarizer, **ingest_values})
     options.validate()
     overrides = {k: v for k, v in raw.items() if k not in INGEST_KEYS}
     if retrieval_only:
@@ -245,6 +245,7 @@ def prepare_parts(
     out: Path,
     texts: Path | None = None,
     questions_file: Path | None = None,
+    origins: Sequence[str] = (),
 ) -> list[Part]:
     """Build (or reuse) the data set(s) of a run: one per length for multihop-synth, else one.
 
@@ -265,6 +266,8 @@ def prepare_parts(
         raise ValueError("--length applies to multihop-synth only")
     if dataset != "custom" and (texts or questions_file):
         raise ValueError("--texts and --questions apply to --dataset custom only")
+    if origins and not dataset.startswith("fairytale-series"):
+        raise ValueError("--origins applies to fairytale-series and fairytale-series-titled only")
     split = split or _default_split(dataset)
     home = mia_home() / "datasets"
     try:
@@ -280,6 +283,10 @@ def prepare_parts(
             if texts is None or questions_file is None:
                 raise ValueError("--dataset custom needs --texts DIR (one .txt/.md file per book) and --questions FILE.jsonl")
             built = BUILDERS[dataset](out / "dataset", texts, questions_file, split=split)
+        elif origins:
+            subset = "+".join(origins)
+            built = BUILDERS[dataset](home / f"{dataset}-{split}-{subset}", split=split, origins=tuple(origins))
+            return [_part(built, f"{built.name}-{built.split}-{subset}", None)]
         else:
             built = BUILDERS[dataset](home / f"{dataset}-{split}", split=split)
     except FileNotFoundError as exc:
@@ -360,7 +367,7 @@ def _run_ingestions(plans: dict[str, _Ingestion], progress: bool) -> dict[str, s
     for collection, plan in tqdm(plans.items(), desc="ingesting", unit="collection", disable=not progress or len(plans) < 2):
         embedder = load_embedder(plan.context.embedder)
         llm = None
-        if plan.options.summarizer == "llm":
+        if plan.options.summarizer in LLM_SUMMARIZERS:
             chat = (plan.context.chat_base_url, plan.context.chat_model)
             if chat not in chat_models:
                 chat_models[chat] = load_chat_model(*chat)
@@ -580,6 +587,7 @@ def run_eval(
     command: str | None = None,
     reuse: Sequence[Path] = (),
     baselines: Sequence[str] = (),
+    origins: Sequence[str] = (),
 ) -> EvalResults:
     """Run every question for every variant (resuming from ``out/results.jsonl``), then write
     ``run.json``, ``summary.json`` and the report into ``out``.
@@ -590,6 +598,8 @@ def run_eval(
     what the report names as the command that made it (default: this process's command line).
     ``reuse`` names earlier runs' output folders whose results stand in for identical jobs here.
     ``baselines`` names the variants the report's paired tables subtract (default: ``rag``).
+    ``origins`` restricts a fairytale series to those FairytaleQA origin books (a smaller mindscape,
+    for runs whose ingestion is the cost, such as LLM summaries).
     """
     from evals import report
 
@@ -601,7 +611,7 @@ def run_eval(
     for baseline in baselines:
         if baseline not in names:
             raise ValueError(f"--baseline {baseline}: not a variant of this run; pick one of {', '.join(names)}")
-    parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file)
+    parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file, origins)
     reuse = [Path(folder) for folder in reuse]
     for folder in reuse:
         if not (folder / RESULTS_FILE).is_file():

@@ -1,6 +1,6 @@
 """Graph ``ingest``: build or update a collection through the server.
 
-Input ``{"paths": [...], "collection": NAME, "summarizer": "llm" | "extractive" | "none"}`` with
+Input ``{"paths": [...], "collection": NAME, "summarizer": "llm" | "llm-excerpt" | "extractive" | "none"}`` with
 paths relative to the ingest root (``MIA_INGEST_ROOT``, default the data root). A server must not
 read whatever file a caller names, so every path, and every file inside a named folder, is
 resolved and checked to lie under that root before anything is read (``stores.paths``).
@@ -12,7 +12,7 @@ process-safe, and the server is the one process that writes to it.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from langchain_core.runnables import RunnableLambda
 from langgraph.constants import TAG_NOSTREAM
@@ -20,14 +20,14 @@ from langgraph.graph import END, START, StateGraph
 
 from stores.chat import load_chat_model
 from stores.embeddings import load_embedder
-from stores.ingest import SUPPORTED_SUFFIXES, IngestOptions, ingest
+from stores.ingest import LLM_SUMMARIZERS, SUPPORTED_SUFFIXES, IngestOptions, Summarizer, ingest
 from stores.paths import files_under, ingest_root
 
 
 class IngestInput(TypedDict, total=False):
     paths: list[str]
     collection: str
-    summarizer: Literal["llm", "extractive", "none"]
+    summarizer: Summarizer
 
 
 class IngestOutput(TypedDict, total=False):
@@ -39,6 +39,7 @@ class IngestOutput(TypedDict, total=False):
     tokens: int
     llm_calls: int
     summaries_from_cache: int
+    chunks_reused: int
     seconds: dict[str, float]
 
 
@@ -51,7 +52,7 @@ def run_ingest(state: IngestState) -> dict[str, Any]:
     options = IngestOptions(summarizer=state.get("summarizer") or "llm")
     options.validate()
     files = files_under(ingest_root(), state.get("paths") or [], SUPPORTED_SUFFIXES)
-    llm = load_chat_model() if options.summarizer == "llm" else None
+    llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
     report = ingest(files, state.get("collection") or "", load_embedder(), options=options, llm=llm, progress=False)
     return asdict(report)
 

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
@@ -111,6 +112,11 @@ class LlamaCppChat(BaseChatModel):
     max_tokens: int = 512
     seed: int = 0
     n_threads: int | None = None
+    """None: as many threads as there are cores not busy with other processes, measured before each
+    call (:func:`free_cores`). llama.cpp's threads wait for each other at every layer, so one thread
+    that shares its core with another process stalls them all: beside one busy process, two threads
+    on two cores run slower than one."""
+    flash_attn: bool = False
 
     @property
     def _llm_type(self) -> str:
@@ -121,7 +127,13 @@ class LlamaCppChat(BaseChatModel):
         return {"model": EMBEDDED_NAME, "temperature": self.temperature}
 
     def _llama(self) -> tuple[Any, threading.Lock]:
-        return _load_llama(self.model_path, self.n_ctx, self.seed, self.n_threads)
+        return _load_llama(self.model_path, self.n_ctx, self.seed, self.flash_attn)
+
+    def _set_threads(self, llama: Any) -> None:
+        import llama_cpp
+
+        threads = self.n_threads or free_cores()
+        llama_cpp.llama_set_n_threads(llama.ctx, threads, threads)
 
     @staticmethod
     def _convert(messages: list[BaseMessage]) -> list[dict[str, str]]:
@@ -147,6 +159,7 @@ class LlamaCppChat(BaseChatModel):
     ) -> ChatResult:
         llama, lock = self._llama()
         with lock:
+            self._set_threads(llama)
             result = llama.create_chat_completion(messages=self._convert(messages), **self._params(stop, kwargs))
         usage = result.get("usage", {})
         message = AIMessage(
@@ -170,6 +183,7 @@ class LlamaCppChat(BaseChatModel):
         llama, lock = self._llama()
         prompt_messages = self._convert(messages)
         with lock:
+            self._set_threads(llama)
             generated = 0
             for event in llama.create_chat_completion(messages=prompt_messages, stream=True, **self._params(stop, kwargs)):
                 delta = event["choices"][0].get("delta", {}).get("content") or ""
@@ -200,15 +214,41 @@ def _render(messages: list[dict[str, str]]) -> str:
     return body + "<|im_start|>assistant\n"
 
 
+def free_cores(sample_s: float = 0.1) -> int:
+    """Cores not busy with other processes over the last ``sample_s`` seconds (at least one), read
+    from ``/proc/stat``; every core where that file does not exist. Called right before a model call,
+    when this process itself is idle, so the busy time it sees is other processes'."""
+    cores = os.cpu_count() or 1
+    try:
+        first = _cpu_ticks()
+        time.sleep(sample_s)
+        second = _cpu_ticks()
+    except OSError:
+        return cores
+    busy = (second[0] - first[0]) / max(second[1] - first[1], 1)
+    return max(1, cores - round(busy * cores))
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies over all cores: idle and iowait are the idle part."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        values = [int(v) for v in handle.readline().split()[1:9]]  # guest time is already in user
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values) - idle, sum(values)
+
+
 @lru_cache(maxsize=2)
-def _load_llama(path: str, n_ctx: int, seed: int, n_threads: int | None) -> tuple[Any, threading.Lock]:
+def _load_llama(path: str, n_ctx: int, seed: int, flash_attn: bool) -> tuple[Any, threading.Lock]:
     from llama_cpp import Llama
 
+    cores = max(1, os.cpu_count() or 1)
     llama = Llama(
         model_path=path,
         n_ctx=n_ctx,
         seed=seed,
-        n_threads=n_threads or max(1, os.cpu_count() or 1),
+        n_threads=cores,
+        n_threads_batch=cores,
+        flash_attn=flash_attn,
         n_gpu_layers=-1,
         verbose=False,
     )

@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 from langchain_core.language_models import BaseChatModel
@@ -32,7 +32,10 @@ from stores.writer_lock import store_path, writer_lock
 
 SUPPORTED_SUFFIXES = (".txt", ".md")
 EMBED_BATCH = 64
-Summarizer = Literal["llm", "extractive", "none"]
+Summarizer = Literal["llm", "llm-excerpt", "extractive", "none"]
+SUMMARIZERS: tuple[Summarizer, ...] = get_args(Summarizer)
+LLM_SUMMARIZERS = ("llm", "llm-excerpt")
+"""The summarizers that call the chat model."""
 WindowUnit = Literal["chunks", "tokens"]
 
 
@@ -64,8 +67,8 @@ class IngestOptions:
             raise InputError(f"--overlap must be at least 0 and below --chunk-size ({self.chunk_size}), got {self.overlap}")
         if self.window <= 0:
             raise InputError(f"--window must be positive, got {self.window}")
-        if self.summarizer not in ("llm", "extractive", "none"):
-            raise InputError(f"--summarizer must be llm, extractive or none, got {self.summarizer!r}")
+        if self.summarizer not in SUMMARIZERS:
+            raise InputError(f"--summarizer must be one of {', '.join(SUMMARIZERS)}, got {self.summarizer!r}")
         if self.window_unit not in ("chunks", "tokens"):
             raise InputError(f"--window-unit must be chunks or tokens, got {self.window_unit!r}")
         if self.chunker not in CHUNKERS:
@@ -82,6 +85,8 @@ class IngestReport:
     tokens: int = 0
     llm_calls: int = 0
     summaries_from_cache: int = 0
+    chunks_reused: int = 0
+    """Chunks whose vector was taken from the book's stored rows instead of being embedded again."""
     seconds: dict[str, float] = field(default_factory=lambda: {"chunking": 0.0, "embedding": 0.0, "summarising": 0.0, "writing": 0.0})
 
 
@@ -167,8 +172,8 @@ def ingest(
     validate_name(collection)
     options.validate()
     sources = collect_sources(paths)
-    if options.summarizer == "llm" and llm is None:
-        raise InputError("the llm summarizer needs a chat model; pass --summarizer extractive to ingest without one")
+    if options.summarizer in LLM_SUMMARIZERS and llm is None:
+        raise InputError(f"the {options.summarizer} summarizer needs a chat model; pass --summarizer extractive to ingest without one")
     client = client if client is not None else chroma_client()
     with writer_lock(store_path(client)):
         return _ingest(sources, collection, embedder, options, llm, client, cache, progress)
@@ -188,6 +193,7 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
     # Extractive summaries are picked with the chunk vectors, so they depend on the embedder too.
     method = {
         "llm": lambda: summ.llm_method(_model_name(llm)),
+        "llm-excerpt": lambda: f"{summ.llm_method(_model_name(llm))}:{summ.EXCERPT}:{embedder.name}",
         "extractive": lambda: f"{summ.EXTRACTIVE}:{embedder.name}",
         "none": lambda: "none",
     }[options.summarizer]()
@@ -201,7 +207,8 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
             continue
         order = int(record["order"]) if record else next_order
         next_order += 0 if record else 1
-        prepared = _prepare_book(source, embedder, llm, options, method, cache, report, progress)
+        stored = mindscape.stored_chunk_vectors(source.book) if mindscape is not None and record else {}
+        prepared = _prepare_book(source, embedder, llm, options, method, cache, report, progress, stored)
         # Created only now, when there is something to write: a run that fails while chunking,
         # embedding or summarising (an unreachable endpoint) leaves no empty collection behind.
         if mindscape is None:
@@ -269,14 +276,17 @@ class _PreparedBook:
 
 def _prepare_book(
     source: Source, embedder: Embedder, llm: BaseChatModel | None, options: IngestOptions, method: str,
-    cache: SummaryCache, report: IngestReport, progress: bool,
+    cache: SummaryCache, report: IngestReport, progress: bool, stored: dict[str, np.ndarray],
 ) -> _PreparedBook:
     clock = time.perf_counter()
     body, chunks = chunk_book(source.text, options, embedder)
     report.seconds["chunking"] += time.perf_counter() - clock
 
     clock = time.perf_counter()
-    chunk_vectors = _embed(embedder, [c.text for c in chunks], f"embedding {source.book}", progress)
+    missing = list(dict.fromkeys(c.text for c in chunks if c.text not in stored))
+    known = {**stored, **dict(zip(missing, _embed(embedder, missing, f"embedding {source.book}", progress)))}
+    chunk_vectors = np.asarray([known[c.text] for c in chunks], dtype=np.float32)
+    report.chunks_reused += sum(c.text in stored for c in chunks)
     report.seconds["embedding"] += time.perf_counter() - clock
 
     windows = session_windows(chunks, options) if options.summarizer != "none" else []
@@ -288,8 +298,10 @@ def _prepare_book(
         text = cache.get(key)
         if text is not None:
             report.summaries_from_cache += 1
-        elif options.summarizer == "llm":
-            text, _ = summ.llm_summary(llm, window_text, source.book, j + 1, len(windows))
+        elif options.summarizer in LLM_SUMMARIZERS:
+            excerpt = options.summarizer == "llm-excerpt"
+            passage = summ.excerpt([c.text for c in window], embedder) if excerpt else window_text
+            text, _ = summ.llm_summary(llm, passage, source.book, j + 1, len(windows), excerpt=excerpt)
             report.llm_calls += 1
             cache.put(key, text)
         else:

@@ -185,6 +185,13 @@ class Mindscape:
         by_id = dict(zip(got["ids"], got["embeddings"]))
         return np.asarray([by_id[i] for i in ids], dtype=np.float32)
 
+    def stored_chunk_vectors(self, book: str) -> dict[str, np.ndarray]:
+        """The vectors of the book's stored chunks keyed by chunk text, committed or not: a rewrite
+        whose chunks did not change (another summarizer or window, a rerun after a kill) embeds none
+        of them again. The collection's single embedder made every one of them."""
+        got = self.chunks.get(where={"book": book}, include=["documents", "embeddings"])
+        return {text: np.asarray(vector, dtype=np.float32) for text, vector in zip(got["documents"], got["embeddings"])}
+
     def version(self) -> tuple[Any, ...]:
         """Changes whenever a book is added, replaced or removed: its commit row carries the content
         hash and the chunking options, and is turned pending first and committed last by every ingestion.

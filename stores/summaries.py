@@ -16,10 +16,17 @@ import numpy as np
 from langchain_core.language_models import BaseChatModel
 
 import prompts
+from stores.embeddings import Embedder
 from stores.settings import mia_home, writable_dir
+from stores.tokens import count_tokens, truncate
 
 SUMMARY_WORDS = 120
 EXTRACTIVE = "extractive-v2"  # bump when the extractive method changes: it is part of the cache key
+EXCERPT = "excerpt-v1"  # the same for the excerpt an llm-excerpt summary is written from
+EXCERPT_TOKENS = 800
+"""The excerpt's budget: about a fifth of a default window (20 chunks of 200 tokens), so the
+summary's prompt costs about a quarter of what the whole window's does."""
+EXCERPT_SCOPE = "(The passage is excerpts of this part, in order; … marks text left out between them.)\n"
 # A sentence ends at . ! ? followed by whitespace (or the end), or at CJK 。！？ (CJK text has no
 # spaces); closing quotes and brackets after the mark belong to the sentence they close.
 _SENTENCE_END = re.compile(r"(?:[.!?][\"'”’)\]]*(?=\s|$)|[。！？][\"'”’」』）)\]]*)")
@@ -63,20 +70,53 @@ def llm_method(model_name: str) -> str:
     return f"llm:{model_name}:{prompts.version('summary')}"
 
 
-def llm_summary(llm: BaseChatModel, window_text: str, book: str, part: int, parts: int) -> tuple[str, dict[str, int]]:
-    """Summarise one window with the chat model; returns the text and the call's token usage."""
+def llm_summary(llm: BaseChatModel, passage: str, book: str, part: int, parts: int,
+                excerpt: bool = False) -> tuple[str, dict[str, int]]:
+    """Summarise one window (or its :func:`excerpt`) with the chat model; returns the text and the
+    call's token usage."""
     reply = llm.invoke(
         prompts.messages(
             "summary",
             book=book,
             part=str(part),
             parts=str(parts),
-            passage=prompts.fence(window_text),
+            passage=prompts.fence(passage),
+            scope=EXCERPT_SCOPE if excerpt else "",
             words=str(SUMMARY_WORDS),
         )
     )
     usage = reply.usage_metadata or {}
     return reply.text.strip(), {"input_tokens": usage.get("input_tokens", 0), "output_tokens": usage.get("output_tokens", 0)}
+
+
+def excerpt(chunk_texts: list[str], embedder: Embedder, budget: int = EXCERPT_TOKENS) -> str:
+    """The sentences of a window closest to its centroid, about ``budget`` tokens, in text order.
+
+    The chat model's prompt cost is the source it reads, so it reads this instead of the whole
+    window. No chunk gives more than twice its share of the budget, so the excerpt spans the
+    window's events instead of dwelling on its most typical scene; the dropped text between picked
+    sentences is marked with an ellipsis.
+    """
+    found = [(i, sentence) for i, text in enumerate(chunk_texts) for sentence in sentences(text)]
+    if not found:
+        return ""
+    vectors = embedder.embed_documents([sentence for _, sentence in found])
+    scores = vectors @ vectors.mean(axis=0)
+    cap = 2 * budget / len(chunk_texts)
+    used = [0] * len(chunk_texts)
+    total, picked = 0, []
+    for k in np.argsort(-scores, kind="stable"):
+        chunk, length = found[k][0], count_tokens(found[k][1])
+        if total + length <= budget and used[chunk] + length <= cap:
+            picked.append(int(k))
+            total += length
+            used[chunk] += length
+    if not picked:  # every sentence is longer than a chunk's share: the window's opening instead
+        return truncate(" ".join(chunk_texts), budget)
+    order = sorted(picked)
+    return " ".join(
+        found[k][1] if k == (order[n - 1] + 1 if n else 0) else f"… {found[k][1]}" for n, k in enumerate(order)
+    )
 
 
 def extractive_summary(chunk_texts: list[str], chunk_vectors: np.ndarray, sentences_per_chunk: int = 2, chunks: int = 3) -> str:

@@ -89,7 +89,7 @@ def read_everything(store: Path, collection: str, queries: list[str]) -> dict[st
 
 
 def snapshot(store: Path, collection: str) -> dict[str, Any]:
-    """Every row of the collection (ids, texts, metadata, vectors rounded), for equality with a clean run."""
+    """Every row of the collection (ids, texts, metadata, vectors), for :func:`same_rows` with a clean run."""
     view = Mindscape(collection, client(store))
 
     def rows(target: Collection, vectors: bool = True) -> dict[str, Any]:
@@ -97,11 +97,22 @@ def snapshot(store: Path, collection: str) -> dict[str, Any]:
         out = {}
         for n, i in enumerate(got["ids"]):
             meta = {k: v for k, v in got["metadatas"][n].items() if k != "collection"}
-            vector = tuple(np.round(np.asarray(got["embeddings"][n]), 5)) if vectors else ()
+            vector = tuple(float(x) for x in got["embeddings"][n]) if vectors else ()
             out[i] = (got["documents"][n], tuple(sorted(meta.items())), vector)
         return out
 
     return {"chunks": rows(view.chunks), "summaries": rows(view.summaries), "books": rows(view.books, vectors=False)}
+
+
+def same_rows(got: dict[str, Any], clean: dict[str, Any]) -> bool:
+    """Snapshots equal row for row: the same ids, texts and metadata, and vectors within 1e-5.
+
+    A rerun reuses the stored vectors of unchanged chunks (embedded in other batches, normalised
+    again by Chroma), so a vector may differ from the clean run's in its last float32 bits."""
+    if {part: {i: row[:2] for i, row in rows.items()} for part, rows in got.items()} != \
+            {part: {i: row[:2] for i, row in rows.items()} for part, rows in clean.items()}:
+        return False
+    return all(np.allclose(row[2], clean[part][i][2], rtol=0, atol=1e-5) for part, rows in got.items() for i, row in rows.items())
 
 
 def lock_holders(store: Path) -> list[dict[str, Any]]:

@@ -284,6 +284,41 @@ def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, min
     assert store.book_records()[book_id(changed)]["order"] == 0
 
 
+def test_a_rewrite_reuses_the_vectors_of_unchanged_chunks(client, books, cache, minilm, monkeypatch) -> None:
+    """Another summarizer or window rewrites the book but embeds none of its chunks again; a changed
+    book embeds only the chunks whose text changed, and every stored vector is still its text's."""
+    ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
+
+    def vectors() -> dict[str, np.ndarray]:
+        got = Mindscape("shelf", client).chunks.get(include=["documents", "embeddings"])
+        return {d: np.asarray(e, dtype=np.float32) for d, e in zip(got["documents"], got["embeddings"])}
+
+    before = vectors()
+    embedded: list[str] = []
+    original = minilm.embed_documents
+    monkeypatch.setattr(minilm, "embed_documents", lambda texts: (embedded.extend(texts), original(texts))[1])
+    report = ingest(books, "shelf", minilm, options=IngestOptions(chunk_size=80, window=2, summarizer="extractive"),
+                    client=client, cache=cache, progress=False)
+    assert report.books_written == [book_id(p) for p in books] and report.chunks_reused == report.chunks
+    assert not set(embedded) & set(before), "no chunk was embedded again"
+    assert_complete(Mindscape("shelf", client), texts_of(books), 2)
+    # The vectors carried over are the old ones (Chroma's round trip may move a component by one float32 step).
+    assert all(np.allclose(v, before[t], rtol=0, atol=1e-7) for t, v in vectors().items())
+
+    text = books[0].read_text(encoding="utf-8")
+    books[0].write_text(text + "\n\nAnd then, quite unexpectedly, a lighthouse keeper ended the story.\n", encoding="utf-8")
+    embedded.clear()
+    report = ingest(books, "shelf", minilm, options=IngestOptions(chunk_size=80, window=2, summarizer="extractive"),
+                    client=client, cache=cache, progress=False)
+    stored = vectors()
+    new_chunks = [t for t in stored if t not in before]
+    assert report.books_written == [book_id(books[0])] and 0 < len(new_chunks) <= 2
+    assert report.chunks_reused == report.chunks - len(new_chunks)
+    assert set(new_chunks) <= set(embedded)
+    fresh = original(new_chunks)
+    assert np.allclose(np.stack([stored[t] for t in new_chunks]), fresh, atol=1e-5)
+
+
 def test_summary_vectors_in_memory_follow_a_replaced_book(client, books, cache, minilm) -> None:
     """The per-process copy used by InitSignature must never serve vectors of a replaced book."""
     ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)

@@ -123,3 +123,60 @@ def test_structured_output_parses(embedded_chat: chat_module.LlamaCppChat) -> No
     assert "tokyo" in parsed.city.lower() and "japan" in parsed.country.lower()
     assert parsed.population_millions > 0
     assert raw.usage_metadata["output_tokens"] > 0
+
+
+def test_free_cores_counts_the_cores_other_processes_keep_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hand-computed: half of 4 cores busy leaves 2; all busy still leaves 1; no /proc leaves all."""
+    samples = iter([(100, 1000), (300, 1400)])  # 200 busy of 400 jiffies
+    monkeypatch.setattr(chat_module, "_cpu_ticks", lambda: next(samples))
+    monkeypatch.setattr(chat_module.os, "cpu_count", lambda: 4)
+    assert chat_module.free_cores(sample_s=0) == 2
+    samples = iter([(0, 0), (400, 400)])
+    assert chat_module.free_cores(sample_s=0) == 1
+
+    def missing() -> tuple[int, int]:
+        raise FileNotFoundError("/proc/stat")
+
+    monkeypatch.setattr(chat_module, "_cpu_ticks", missing)
+    assert chat_module.free_cores(sample_s=0) == 4
+
+
+def test_free_cores_sees_a_real_busy_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    cores = os.cpu_count() or 1
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        import time
+
+        time.sleep(0.5)
+        assert chat_module.free_cores() == 1
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def test_embedded_model_runs_with_the_threads_free_cores_allows(embedded_chat: chat_module.LlamaCppChat,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import llama_cpp
+
+    monkeypatch.setattr(chat_module, "free_cores", lambda: 1)
+    reply = embedded_chat.invoke([HumanMessage("Say yes.")], max_tokens=4)
+    llama, _ = embedded_chat._llama()
+    assert reply.text and llama_cpp.llama_n_threads(llama.ctx) == 1 == llama_cpp.llama_n_threads_batch(llama.ctx)
+
+
+def test_llm_bench_measures_bare_and_project_paths_on_the_same_prompt(embedded_model_file: Path) -> None:
+    from evals import bench_llm
+    from stores.settings import data_root
+
+    if not (data_root() / bench_llm.BOOK).is_file():
+        pytest.skip("the demo book is not in the shared data")
+    result = bench_llm.measure(prompt_tokens=200, max_tokens=2, repeat=1, variants=["shipped"])
+    for condition in ("idle", "beside one busy process"):
+        bare, ours = result["rows"][condition]["bare llama.cpp"], result["rows"][condition]["project: shipped"]
+        assert abs(bare["prompt_tokens"] - ours["prompt_tokens"]) <= 2, "both paths must prefill the same prompt"
+        assert bare["prompt_tokens"] > 150 and all(row["prompt_tps"] > 0 and row["wall_s"] > 0 for row in (bare, ours))

@@ -18,6 +18,7 @@ from evals.datasets import DATA_ENV, Dataset, build_custom, default_data_root
 from graph import registry
 from stores.ingest import book_id
 from stores.mindscape import Mindscape
+from tests.conftest import requires_data
 
 DATA = default_data_root()
 STORIES = ("self-did-it", "hat-of-huldres", "old-hop-giant")
@@ -244,6 +245,8 @@ def test_variants_and_sweeps() -> None:
         ({"systems": ["rag"], "dataset": "fairytale-series", "length": 16000}, "--length applies to multihop-synth only"),
         ({"systems": ["rag"], "dataset": "custom"}, "needs --texts"),
         ({"systems": ["rag", "mia_rag"], "baselines": ["agent"]}, r"--baseline agent: not a variant of this run; pick one of rag, mia_rag"),
+        ({"systems": ["rag"], "dataset": "multihop-synth", "origins": ["scottish-fairybook"]}, "--origins applies to fairytale-series"),
+        ({"systems": ["rag"], "origins": ["atlantis-fairybook"]}, "unknown FairytaleQA origins"),
     ],
 )
 def test_user_errors(kwargs: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -252,6 +255,15 @@ def test_user_errors(kwargs: dict[str, Any], message: str, tmp_path: Path) -> No
     with pytest.raises(ValueError, match=message):
         runner.run_eval(**args)
     assert not out.exists(), "a refused run must not leave an output folder behind"
+
+
+@requires_data
+def test_origins_make_a_smaller_series_of_their_own(tmp_path: Path) -> None:
+    (part,) = runner.prepare_parts("fairytale-series", "val", [], 0, tmp_path, origins=["swedish-fairybook"])
+    assert part.dataset.books == ["swedish-fairybook"] and part.tag == "fairytale-series-val-swedish-fairybook"
+    assert {q["meta"]["origin"] for q in part.dataset.questions} == {"swedish-fairybook"}
+    (full,) = runner.prepare_parts("fairytale-series", "val", [], 0, tmp_path)
+    assert len(full.dataset.books) == 4 and full.dataset.dir != part.dataset.dir
 
 
 def test_agents_refused_in_retrieval_only(monkeypatch: pytest.MonkeyPatch) -> None:
