@@ -18,7 +18,9 @@ from stores.settings import data_root, offline_environment
 DEMO_BOOK = Path("books") / "holmes" / "a_study_in_scarlet.txt"
 DEMO_COLLECTION = "demo-holmes"
 SUMMARIZER_CHOICES = ("llm", "llm-excerpt", "extractive", "none")
-"""stores.ingest.SUMMARIZERS, spelled out so that parsing the command line imports no store (a test keeps them equal)."""
+DEFAULT_SUMMARIZER = "extractive"
+"""stores.ingest.SUMMARIZERS and IngestOptions.summarizer, spelled out so that parsing the command line imports no
+store (a test keeps them equal)."""
 DEMO_QUESTION = "In which country was Dr. Watson wounded while serving as an army surgeon?"
 
 
@@ -268,9 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="turn text files into a mindscape (chunks + session summaries in Chroma)")
     p.add_argument("paths", nargs="+", help=".txt/.md files or folders; one file is one book, in the order given")
     p.add_argument("--collection", required=True, help="collection name (lowercase letters, digits, - and _)")
-    p.add_argument("--summarizer", choices=SUMMARIZER_CHOICES, default="llm",
-                   help="session summaries by the chat model from the whole window (llm, the default) or from an "
-                        "~800-token excerpt of its most central sentences (llm-excerpt), extractive (no LLM), or none")
+    p.add_argument("--summarizer", choices=SUMMARIZER_CHOICES, default=DEFAULT_SUMMARIZER,
+                   help="session summaries: extractive (the default: the window's most central sentences, no LLM; they "
+                        "retrieve as well as the LLM's), by the chat model from the whole window (llm) or from an "
+                        "~800-token excerpt of it (llm-excerpt), or none")
     p.add_argument("--chunk-size", type=int, default=200, help="most tiktoken tokens per chunk (default 200)")
     p.add_argument("--overlap", type=int, default=0, help="tokens shared by consecutive chunks (default 0)")
     p.add_argument("--window", type=int, default=20, help="chunks per session summary, W (default 20)")
@@ -306,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ask)
 
     p = sub.add_parser("demo", help="ingest a demo book from the shared data and answer a question about it")
-    p.add_argument("--summarizer", choices=SUMMARIZER_CHOICES, default="llm",
-                   help="session summaries of the demo collection (default llm)")
+    p.add_argument("--summarizer", choices=SUMMARIZER_CHOICES, default=DEFAULT_SUMMARIZER,
+                   help=f"session summaries of the demo collection (default {DEFAULT_SUMMARIZER})")
     p.set_defaults(func=cmd_demo)
 
     from evals import bench, cli as eval_cli

@@ -255,6 +255,13 @@ def _settings_text(settings: dict[str, Any]) -> str:
     return ", ".join(f"`{k}={v}`" for k, v in settings.items())
 
 
+def _summarizers_text(run: dict[str, Any]) -> str:
+    """The run's summariser, or "per variant" when a sweep gave the variants different ones (the
+    run-level flag alone would then misname most of them)."""
+    kinds = {variant["ingest"].get("summarizer", run["summarizer"]) for variant in run["variants"]}
+    return run["summarizer"] if kinds == {run["summarizer"]} else "per variant (" + ", ".join(sorted(kinds)) + ")"
+
+
 def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str], *, seed: int,
                  baselines: Sequence[str] = ()) -> Path:
     """``report.md`` plus its two plots in ``out``; the header carries everything needed to
@@ -273,7 +280,7 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         "- Questions per system: " + str(run["questions"])
         + (f" ({len(run['parts'])} lengths)" if len(run["parts"]) > 1 else "")
         + (f" (limit {run['limit']})" if run["limit"] else ""),
-        f"- Embedder: {run['embedder']}; chat model: {run['chat_model']}; session summaries: {run['summarizer']}",
+        f"- Embedder: {run['embedder']}; chat model: {run['chat_model']}; session summaries: {_summarizers_text(run)}",
         f"- Seed: {seed} (data building and bootstrap); scores in %, costs per question; finished {run['finished']}",
         f"- Settings of every variant: {_settings_text(shared) or 'defaults'}",
         *(f"- {count} results taken from `{folder}` (identical settings, collection and question)"
@@ -286,7 +293,8 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         lines.append(
             f"  - `{variant['name']}`: graph `{variant['graph']}`, {_settings_text(own) or 'no other settings'}; "
             f"{ingest.get('chunker', 'window')} chunks of {ingest['chunk_size']} tokens (overlap {ingest['overlap']})"
-            f"{'' if ingest.get('keep_front_matter', True) else ', front matter left out'}, session window W={ingest['window']} "
+            f"{'' if ingest.get('keep_front_matter', True) else ', front matter left out'}, session window W={ingest['window']}"
+            f", {ingest.get('summarizer', run['summarizer'])} summaries "
             f"(config {variant['config']})"
         )
     lines += ["", "Command:", "", "```", run["command"], "```", ""]

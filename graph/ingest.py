@@ -1,6 +1,6 @@
 """Graph ``ingest``: build or update a collection through the server.
 
-Input ``{"paths": [...], "collection": NAME, "summarizer": "llm" | "llm-excerpt" | "extractive" | "none"}`` with
+Input ``{"paths": [...], "collection": NAME, "summarizer": "extractive" | "llm" | "llm-excerpt" | "none"}`` with
 paths relative to the ingest root (``MIA_INGEST_ROOT``, default the data root). A server must not
 read whatever file a caller names, so every path, and every file inside a named folder, is
 resolved and checked to lie under that root before anything is read (``stores.paths``).
@@ -49,7 +49,7 @@ class IngestState(IngestInput, IngestOutput, total=False):
 
 def run_ingest(state: IngestState) -> dict[str, Any]:
     """Check the paths, then ingest exactly the files that passed the check."""
-    options = IngestOptions(summarizer=state.get("summarizer") or "llm")
+    options = IngestOptions(summarizer=state.get("summarizer") or IngestOptions.summarizer)
     options.validate()
     files = files_under(ingest_root(), state.get("paths") or [], SUPPORTED_SUFFIXES)
     llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None

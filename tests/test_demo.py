@@ -32,7 +32,7 @@ def demo_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.skipif(not (shared_data() / mia_cli.DEMO_BOOK).is_file(), reason="the demo book is not in the shared data")
 def test_demo_answers_from_chunks_first_then_with_summaries(demo_data: Path, cli, embedded_model_file: Path) -> None:
-    first = cli("demo", "--summarizer", "extractive")
+    first = cli("demo")  # the default summarizer, extractive
     assert first.code == 0, first.err
     out = first.out
     chunks_only, with_summaries = [line for line in out.splitlines() if line.startswith(f"{mia_cli.DEMO_COLLECTION}: 1 book(s) written")]
@@ -43,7 +43,7 @@ def test_demo_answers_from_chunks_first_then_with_summaries(demo_data: Path, cli
     for stage in ("chunks in (no summaries yet)", "first answer (rag)", "session summaries (extractive)", "answer (mia_rag)", "total"):
         assert stage in first.err
 
-    again = cli("demo", "--summarizer", "extractive")
+    again = cli("demo")
     assert again.code == 0, again.err
     assert f"{mia_cli.DEMO_COLLECTION}: 0 book(s) written, 1 unchanged" in again.out
     assert "ingestion (extractive)" in again.err and "first answer" not in again.err

@@ -83,7 +83,8 @@ def test_embedded_chat_model_is_assembled_and_verified(embedded_model_file: Path
 
 @pytest.fixture(scope="module")
 def embedded_chat(embedded_model_file: Path) -> chat_module.LlamaCppChat:
-    return chat_module.LlamaCppChat(model_path=str(embedded_model_file), max_tokens=48, n_ctx=2048)
+    # The default context, so the process's one cached llama.cpp load serves these tests and every graph test.
+    return chat_module.LlamaCppChat(model_path=str(embedded_model_file), max_tokens=48)
 
 
 def test_embedded_chat_model_answers_offline(embedded_chat: chat_module.LlamaCppChat, no_network: None) -> None:

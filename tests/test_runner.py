@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from evals import runner
+from evals import report, runner
 from evals.cli import register
 from evals.datasets import DATA_ENV, Dataset, build_custom, default_data_root
 from graph import registry
@@ -140,11 +140,11 @@ def test_report_files(retrieval_run: tuple[Path, dict[str, Any]]) -> None:
     out, _ = retrieval_run
     for name in ("report.md", "recall_at_k.png", "cost_vs_length.png", "run.json", "summary.json"):
         assert (out / name).stat().st_size > 0, name
-    report = (out / "report.md").read_text()
-    assert "custom · test split · retrieval only" in report
-    assert "all-MiniLM-L6-v2" in report and "Seed: 3" in report
-    assert "--retrieval-only --seed 3 --set window=2 --concurrency 1 --out" in report  # the exact command
-    assert "Paired difference against `rag`" in report and "| mia_rag |" in report
+    text = (out / "report.md").read_text()
+    assert "custom · test split · retrieval only" in text
+    assert "all-MiniLM-L6-v2" in text and "Seed: 3" in text
+    assert "--retrieval-only --seed 3 --set window=2 --concurrency 1 --out" in text  # the exact command
+    assert "Paired difference against `rag`" in text and "| mia_rag |" in text
 
 
 class CountingGraph:
@@ -274,7 +274,6 @@ def test_agents_refused_in_retrieval_only(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_paired_table_uses_a_swept_rag_as_baseline() -> None:
     """With ``--sweep retriever=dense,hybrid`` no variant is called plain ``rag``: the first rag[...] is the baseline."""
-    from evals import report
 
     def rec(system: str, qid: str, recall: float) -> dict[str, Any]:
         return {"system": system, "part": "p", "id": qid, "scores": {"recall@10": recall},
@@ -292,7 +291,6 @@ def test_paired_table_uses_a_swept_rag_as_baseline() -> None:
 
 def test_named_baselines_replace_rag_with_one_paired_table_each() -> None:
     """``--baseline agent --baseline infmem``: a table against each, none against ``rag``."""
-    from evals import report
 
     def rec(system: str, qid: str, f1: float) -> dict[str, Any]:
         return {"system": system, "part": "p", "id": qid, "scores": {"f1": f1}, **{m: 0.0 for m in report.COST_METRICS}}
@@ -365,7 +363,6 @@ def test_every_setting_has_a_description_and_a_group_some_graph_reads() -> None:
 
 def test_cost_growth_compares_the_same_questions() -> None:
     """Ratios to the shortest length use only questions finished at both lengths (hand-computed)."""
-    from evals import report
 
     def rec(part: str, qid: str, source: int, calls: int, prompt: int) -> dict[str, Any]:
         return {"system": "memagent", "part": part, "id": qid, "scores": {}, "source_tokens": source,
@@ -376,3 +373,11 @@ def test_cost_growth_compares_the_same_questions() -> None:
                rec("b", "q1", 32000, 7, 2500), rec("b", "q3", 32000, 99, 99999)]  # q3 has no 16k row
     lines = report._growth(run, report._by_system(records), ["memagent"])
     assert lines[-1] == "| memagent | 32000 | 1 | ×2.00 | ×1.75 | ×2.50 | ×1.00 |"
+
+
+def test_report_names_each_variants_summarizer_when_a_sweep_changes_it() -> None:
+    def run(*kinds: str) -> dict[str, Any]:
+        return {"summarizer": "extractive", "variants": [{"ingest": {"summarizer": kind}} for kind in kinds]}
+
+    assert report._summarizers_text(run("extractive", "extractive")) == "extractive"
+    assert report._summarizers_text(run("llm", "extractive")) == "per variant (extractive, llm)"

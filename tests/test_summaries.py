@@ -108,8 +108,9 @@ def test_llm_excerpt_ingestion_sends_the_excerpt_under_its_own_cache_key(tmp_pat
     assert summ.EXCERPT in method and minilm.name in method
 
 
-def test_cli_offers_every_summarizer() -> None:
+def test_cli_offers_every_summarizer_with_the_stores_default() -> None:
     assert mia_cli.SUMMARIZER_CHOICES == SUMMARIZERS
+    assert mia_cli.DEFAULT_SUMMARIZER == IngestOptions.summarizer
 
 
 @pytest.mark.parametrize("summarizer", ["llm-excerpt", "extractive"])
