@@ -152,7 +152,8 @@ def _book_hash(source: Source, options: IngestOptions, body: tuple[int, int], em
 
 def _embed(embedder: Embedder, texts: list[str], desc: str, progress: bool) -> np.ndarray:
     out: list[np.ndarray] = []
-    with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False) as bar:
+    # No bar for nothing to do (every vector reused, no summaries asked for): an empty "0text" bar reads as a stall.
+    with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress or not texts, leave=False) as bar:
         for start in range(0, len(texts), EMBED_BATCH):
             batch = texts[start : start + EMBED_BATCH]
             out.append(embedder.embed_documents(batch))
@@ -294,7 +295,7 @@ def _prepare_book(
     windows = session_windows(chunks, options) if options.summarizer != "none" else []
     summary_texts: list[str] = []
     clock = time.perf_counter()
-    for j, window in enumerate(tqdm(windows, desc=f"summarising {source.book}", unit="window", disable=not progress, leave=False)):
+    for j, window in enumerate(tqdm(windows, desc=f"summarising {source.book}", unit="window", disable=not progress or not windows, leave=False)):
         window_text = source.text[window[0].start : window[-1].end]
         key = summ.cache_key(window_text, method)
         text = cache.get(key)

@@ -7,6 +7,7 @@ seconds of ingestion instead of minutes.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ def test_demo_answers_from_chunks_first_then_with_summaries(demo_data: Path, cli
     assert "reused" not in chunks_only and "vectors reused" in with_summaries
     order = [out.index(mark) for mark in (chunks_only, "rag reads chunks only, so it answers now", "== rag:", with_summaries, "== mia_rag:")]
     assert order == sorted(order), "rag answers before the summaries are written, mia_rag after"
+    assert not re.search(r": 0(text|window) \[", first.err), "no empty progress bar for work that is skipped"
     for stage in ("chunks in (no summaries yet)", "first answer (rag)", "session summaries (extractive)", "answer (mia_rag)", "total"):
         assert stage in first.err
 
