@@ -258,7 +258,7 @@ def _settings_text(settings: dict[str, Any]) -> str:
 def _summarizers_text(run: dict[str, Any]) -> str:
     """The run's summariser, or "per variant" when a sweep gave the variants different ones (the
     run-level flag alone would then misname most of them)."""
-    kinds = {variant["ingest"].get("summarizer", run["summarizer"]) for variant in run["variants"]}
+    kinds = {variant["ingest"]["summarizer"] for variant in run["variants"]}
     return run["summarizer"] if kinds == {run["summarizer"]} else "per variant (" + ", ".join(sorted(kinds)) + ")"
 
 
@@ -294,7 +294,7 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
             f"  - `{variant['name']}`: graph `{variant['graph']}`, {_settings_text(own) or 'no other settings'}; "
             f"{ingest.get('chunker', 'window')} chunks of {ingest['chunk_size']} tokens (overlap {ingest['overlap']})"
             f"{'' if ingest.get('keep_front_matter', True) else ', front matter left out'}, session window W={ingest['window']}"
-            f", {ingest.get('summarizer', run['summarizer'])} summaries "
+            f", {ingest['summarizer']} summaries "
             f"(config {variant['config']})"
         )
     lines += ["", "Command:", "", "```", run["command"], "```", ""]

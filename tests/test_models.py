@@ -8,7 +8,11 @@ here instead of on a user's machine without network.
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,15 +147,9 @@ def test_free_cores_counts_the_cores_other_processes_keep_busy(monkeypatch: pyte
 
 
 def test_free_cores_sees_a_real_busy_process() -> None:
-    import os
-    import subprocess
-    import sys
-
     cores = os.cpu_count() or 1
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
     try:
-        import time
-
         time.sleep(0.5)
         assert chat_module.free_cores() == 1
     finally:
