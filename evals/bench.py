@@ -35,6 +35,7 @@ import numpy as np
 
 from evals.bench_llm import add_llm_bench
 from evals.bench_serve import add_serve_bench
+from evals.web_page import add_web_bench
 from stores.settings import data_root
 
 DEFAULT_BOOK = Path("books") / "holmes" / "the_sign_of_the_four.txt"
@@ -359,7 +360,7 @@ def add_retrieval_bench(benches: Any) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 # registration
 
-BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_serve_bench, add_llm_bench]
+BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_serve_bench, add_llm_bench, add_web_bench]
 """One entry per ``mia bench`` subcommand, in the order ``mia bench --help`` lists them."""
 
 

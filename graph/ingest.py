@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import Any, TypedDict
 
 from langchain_core.runnables import RunnableLambda
+from langgraph.config import get_stream_writer
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 
@@ -53,7 +54,9 @@ def run_ingest(state: IngestState) -> dict[str, Any]:
     options.validate()
     files = files_under(ingest_root(), state.get("paths") or [], SUPPORTED_SUFFIXES)
     llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
-    report = ingest(files, state.get("collection") or "", load_embedder(), options=options, llm=llm, progress=False)
+    writer = get_stream_writer()  # progress as custom stream events (stream_mode "custom", Studio)
+    report = ingest(files, state.get("collection") or "", load_embedder(), options=options, llm=llm, progress=False,
+                    on_progress=lambda stage, done, total: writer({"event": "ingest_progress", "stage": stage, "done": done, "total": total}))
     return asdict(report)
 
 

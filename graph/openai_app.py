@@ -1,6 +1,6 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models`` over the question graphs.
 
-Mounted into the LangGraph server by langgraph.json ``"http": {"app": ...}``, so one server and
+Mounted into the LangGraph server through ``graph/http_app.py`` (langgraph.json ``http.app``), so one server and
 one port serve LangGraph clients (SDK, Studio, Agent Chat UI) and OpenAI clients (Open WebUI,
 the ``openai`` SDK, LibreChat). A model is ``GRAPH:COLLECTION``, e.g. ``mia_rag:holmes``.
 
@@ -230,7 +230,9 @@ async def _stream(graph: Any, payload: dict[str, Any], ctx: Context, model: str,
     yield "data: [DONE]\n\n"
 
 
-app = Starlette(routes=[
+routes = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-])
+]
+app = Starlette(routes=routes)
+"""These routes alone (tests); the server mounts ``graph.http_app.app``, which adds the web page."""

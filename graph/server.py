@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import httpx
 
@@ -255,6 +255,30 @@ def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None
         yield Server(url=url, log=log, pid=process.pid)
     finally:
         _stop(process, group=True)
+
+
+_INGEST_SCRIPT = """
+import json, sys
+from stores.embeddings import load_embedder
+from stores.ingest import IngestOptions, ingest
+spec = json.loads(sys.argv[1])
+options = IngestOptions(**spec["options"])
+for collection, paths in spec["collections"].items():
+    ingest(paths, collection, load_embedder("minilm"), options=options, progress=False)
+"""
+
+
+def ingest_elsewhere(collections: dict[str, Sequence[Path]], chroma_path: Path, **options: Any) -> None:
+    """Fill the embedded store a server (from ``start_server``) will open, for tests and benchmarks.
+
+    In a child process, so the calling process holds no handle on that store (embedded Chroma is
+    not process-safe). ``options`` are ``IngestOptions`` fields (extractive summaries unless given)."""
+    spec = json.dumps({"collections": {name: [str(p) for p in paths] for name, paths in collections.items()},
+                       "options": {"summarizer": "extractive", **options}})
+    done = subprocess.run([sys.executable, "-c", _INGEST_SCRIPT, spec], env={**os.environ, "MIA_CHROMA_PATH": str(chroma_path)},
+                          timeout=600, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ServerError(f"ingestion for the served collection failed:\n{done.stderr[-3000:]}")
 
 
 def register(subparsers: Any) -> None:

@@ -53,12 +53,15 @@ class OutputState(TypedDict, total=False):
     guard: dict[str, Any]
     """What the injection guard did for the answer: spans cut from the passages (book offsets),
     answers rejected as traced to an instruction."""
+    step0: list[dict[str, Any]]
+    """The step-0 query-only ranking (K0 ids with scores) of the graphs that select a signature:
+    what the signature changed is read against it (``--explain``, the web page). The server streams
+    and returns only these output keys, so it must be one of them."""
 
 
 class QAState(InputState, OutputState, total=False):
-    """Static graphs (rag, mia_rag): the step-0 ranking is kept for --explain and evaluation."""
+    """Static graphs (rag, mia_rag): ``asked_id`` marks the human message already answered on a thread."""
 
-    step0: list[dict[str, Any]]
     asked_id: str
 
 

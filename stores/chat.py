@@ -190,7 +190,10 @@ class LlamaCppChat(BaseChatModel):
                 if not delta:
                     continue
                 generated += 1
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                # The first token's wall-clock time lets a client measure its own display latency
+                # (the web page's time-to-screen); on that chunk only, so merged messages keep one value.
+                stamp = {"generated_at": time.time()} if generated == 1 else {}
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta, response_metadata=stamp))
                 if run_manager:
                     run_manager.on_llm_new_token(delta, chunk=chunk)
                 yield chunk

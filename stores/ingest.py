@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
 from langchain_core.language_models import BaseChatModel
@@ -150,14 +150,31 @@ def _book_hash(source: Source, options: IngestOptions, body: tuple[int, int], em
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _embed(embedder: Embedder, texts: list[str], desc: str, progress: bool) -> np.ndarray:
+ProgressHook = Callable[[str, int, int], None]
+"""Called as ``(stage, done, total)`` while ingestion runs: stage ``books``, then per book
+``embedding BOOK``, ``summarising BOOK`` and ``embedding summaries BOOK``. The terminal shows tqdm
+bars; a server (the web page's live bar) passes a hook, since its process has no terminal."""
+
+
+@dataclass(frozen=True)
+class _Progress:
+    bars: bool
+    hook: ProgressHook | None = None
+
+    def tell(self, stage: str, done: int, total: int) -> None:
+        if self.hook is not None:
+            self.hook(stage, done, total)
+
+
+def _embed(embedder: Embedder, texts: list[str], desc: str, progress: _Progress) -> np.ndarray:
     out: list[np.ndarray] = []
     # No bar for nothing to do (every vector reused, no summaries asked for): an empty "0text" bar reads as a stall.
-    with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress or not texts, leave=False) as bar:
+    with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress.bars or not texts, leave=False) as bar:
         for start in range(0, len(texts), EMBED_BATCH):
             batch = texts[start : start + EMBED_BATCH]
             out.append(embedder.embed_documents(batch))
             bar.update(len(batch))
+            progress.tell(desc, start + len(batch), len(texts))
     return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
 
@@ -171,6 +188,7 @@ def ingest(
     client: Any | None = None,
     cache: SummaryCache | None = None,
     progress: bool = True,
+    on_progress: ProgressHook | None = None,
 ) -> IngestReport:
     validate_name(collection)
     options.validate()
@@ -179,11 +197,11 @@ def ingest(
         raise InputError(f"the {options.summarizer} summarizer needs a chat model; pass --summarizer extractive to ingest without one")
     client = client if client is not None else chroma_client()
     with writer_lock(store_path(client)):
-        return _ingest(sources, collection, embedder, options, llm, client, cache, progress)
+        return _ingest(sources, collection, embedder, options, llm, client, cache, _Progress(progress, on_progress))
 
 
 def _ingest(sources: list[Source], collection: str, embedder: Embedder, options: IngestOptions,
-            llm: BaseChatModel | None, client: Any, cache: SummaryCache | None, progress: bool) -> IngestReport:
+            llm: BaseChatModel | None, client: Any, cache: SummaryCache | None, progress: _Progress) -> IngestReport:
     existing = Mindscape(collection, client) if collection in list_mindscapes(client) else None
     if existing is not None and existing.embedder and existing.embedder != embedder.name:
         raise MindscapeError(
@@ -202,7 +220,8 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
     }[options.summarizer]()
     report = IngestReport(collection=collection)
     mindscape = existing
-    for source in tqdm(sources, desc="books", unit="book", disable=not progress or len(sources) < 2):
+    for done, source in enumerate(tqdm(sources, desc="books", unit="book", disable=not progress.bars or len(sources) < 2)):
+        progress.tell("books", done, len(sources))
         digest = _book_hash(source, options, book_span(source.text, options), embedder.name, method)
         record = records.get(source.book)
         if record and not record.get(PENDING) and record.get("hash") == digest:
@@ -217,6 +236,7 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
         if mindscape is None:
             mindscape = Mindscape(collection, client, create=True, embedder=embedder.name)
         _write_book(mindscape, source, prepared, order, digest, options, method, report)
+    progress.tell("books", len(sources), len(sources))
     return report
 
 
@@ -279,7 +299,7 @@ class _PreparedBook:
 
 def _prepare_book(
     source: Source, embedder: Embedder, llm: BaseChatModel | None, options: IngestOptions, method: str,
-    cache: SummaryCache, report: IngestReport, progress: bool, stored: dict[str, np.ndarray],
+    cache: SummaryCache, report: IngestReport, progress: _Progress, stored: dict[str, np.ndarray],
 ) -> _PreparedBook:
     clock = time.perf_counter()
     body, chunks = chunk_book(source.text, options, embedder)
@@ -295,7 +315,7 @@ def _prepare_book(
     windows = session_windows(chunks, options) if options.summarizer != "none" else []
     summary_texts: list[str] = []
     clock = time.perf_counter()
-    for j, window in enumerate(tqdm(windows, desc=f"summarising {source.book}", unit="window", disable=not progress or not windows, leave=False)):
+    for j, window in enumerate(tqdm(windows, desc=f"summarising {source.book}", unit="window", disable=not progress.bars or not windows, leave=False)):
         window_text = source.text[window[0].start : window[-1].end]
         key = summ.cache_key(window_text, method)
         text = cache.get(key)
@@ -311,6 +331,7 @@ def _prepare_book(
             text = summ.extractive_summary([c.text for c in window], chunk_vectors[window[0].index : window[-1].index + 1])
             cache.put(key, text)
         summary_texts.append(text or window_text[:500])
+        progress.tell(f"summarising {source.book}", j + 1, len(windows))
     report.seconds["summarising"] += time.perf_counter() - clock
 
     clock = time.perf_counter()

@@ -25,7 +25,7 @@ import pytest
 from langgraph_sdk import get_sync_client
 
 from graph.registry import QUESTION_GRAPHS
-from graph.server import Server, free_port, port_is_free, start_server
+from graph.server import Server, free_port, ingest_elsewhere, port_is_free, start_server
 from tests.conftest import requires_data, write_stories
 
 pytestmark = requires_data
@@ -54,24 +54,6 @@ class Served:
         return httpx.Client(base_url=self.server.url, headers=headers, timeout=TIMEOUT)
 
 
-INGEST_SCRIPT = """
-import json, sys
-from stores.embeddings import load_embedder
-from stores.ingest import IngestOptions, ingest
-options = IngestOptions(chunk_size=100, window=2, summarizer="extractive")
-for collection, paths in json.loads(sys.argv[1]).items():
-    ingest(paths, collection, load_embedder("minilm"), options=options, progress=False)
-"""
-
-
-def _ingest_elsewhere(collections: dict[str, list[Path]], chroma_path: Path) -> None:
-    """Ingest in a child process, so this process holds no handle on the server's embedded store."""
-    spec = json.dumps({name: [str(p) for p in paths] for name, paths in collections.items()})
-    done = subprocess.run([sys.executable, "-c", INGEST_SCRIPT, spec], env={**os.environ, "MIA_CHROMA_PATH": str(chroma_path)},
-                          timeout=300, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The server over collections ``fairy`` (both stories) and ``other`` (one), with API keys.
@@ -84,7 +66,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     outside.mkdir()
     (outside / "secret.txt").write_text("not for callers")
     (data / "escape.txt").symlink_to(outside / "secret.txt")
-    _ingest_elsewhere({COLLECTION: paths, OTHER: paths[:1]}, base / "chroma")
+    ingest_elsewhere({COLLECTION: paths, OTHER: paths[:1]}, base / "chroma", chunk_size=100, window=2)
     server_env = {"MIA_CHROMA_PATH": str(base / "chroma"), "MIA_INGEST_ROOT": str(data), "MIA_API_KEYS": json.dumps(KEYS)}
     with start_server(env=server_env, state_dir=base / "server", timeout=180) as server:
         yield Served(server)

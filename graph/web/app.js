@@ -1,0 +1,587 @@
+// MiA's web page: chat over a mindscape through the LangGraph API, with what each answer's
+// retrieval did drawn beside it. Plain script, no build step, nothing fetched from outside the
+// server. Every text that comes from a document is set with textContent: documents are data.
+"use strict";
+
+const GENERATING_NODES = new Set(["generate", "answer"]);
+const PANEL_SETTINGS = ["top_k", "alpha", "k_sum", "retriever", "answer_inputs", "k0", "max_new_tokens",
+                        "max_steps", "step_k", "signature_init", "bm25_weight"];
+const RANKING_ROWS = 20;
+const JOB_POLL_MS = 400;
+
+const state = {
+  key: sessionStorage.getItem("mia-key") || "",
+  collections: [],
+  schema: {},            // setting name -> {type, choices, default, description}
+  overrides: {},         // settings the user changed from the server's defaults
+  thread: null,          // {id, collection, graph}
+  runs: [],
+};
+window.miaTimings = [];  // per answer: ms from the model's first token to it being on screen
+
+// ---- helpers -------------------------------------------------------------------------------------
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === "class") node.className = value;
+    else if (name === "style") node.setAttribute("style", value);
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else if (value !== undefined && value !== null && value !== false) node.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+class HttpError extends Error {
+  constructor(status, detail) { super(detail); this.status = status; }
+}
+
+function authHeaders(extra = {}) {
+  return state.key ? {...extra, Authorization: `Bearer ${state.key}`} : {...extra};
+}
+
+async function failure(response) {
+  let detail = response.statusText;
+  try {
+    const body = await response.json();
+    detail = body.detail || (body.error && body.error.message) || JSON.stringify(body);
+  } catch (_) { /* not JSON */ }
+  return new HttpError(response.status, detail);
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, {...options, headers: authHeaders(options.headers || {})});
+  if (!response.ok) throw await failure(response);
+  return response.json();
+}
+
+const postJson = (path, body) => api(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+const enc = encodeURIComponent;
+const fmt = (n) => Number(n).toLocaleString("en");
+
+function status(text, kind = "") {
+  const node = $("status");
+  node.textContent = text;
+  node.className = kind;
+}
+
+function showError(error) {
+  if (error instanceof HttpError && (error.status === 401 || error.status === 403)) {
+    $("app").hidden = true;
+    $("error-page").hidden = false;
+    $("error-title").textContent = error.status === 401 ? "401 — Unauthorized" : "403 — Forbidden";
+    $("error-detail").textContent = error.message;
+    $("key-input").value = "";
+    $("key-input").focus();
+    return;
+  }
+  status(error.message || String(error), "error");
+}
+
+function chunkLabel(id, info) {
+  if (!info) return id;
+  return `${info.book} · chunk ${info.index}`;
+}
+
+// ---- start-up, key and hash parameters ----------------------------------------------------------
+function readHash() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.has("key")) {
+    state.key = params.get("key");
+    sessionStorage.setItem("mia-key", state.key);
+    params.delete("key");
+    history.replaceState(null, "", `${location.pathname}${location.search}${params.toString() ? "#" + params : ""}`);
+  }
+  return params;
+}
+
+async function boot() {
+  const params = readHash();
+  try {
+    const [listed, schema] = await Promise.all([api("/mia/api/collections"), api("/mia/api/settings")]);
+    for (const setting of schema.settings) state.schema[setting.name] = setting;
+    state.collections = listed.collections;
+    const wanted = params.get("collection");
+    if (wanted) await api(`/mia/api/collections/${enc(wanted)}`);  // 403 / 404 for a collection the key may not use
+    $("error-page").hidden = true;
+    $("app").hidden = false;
+    renderCollections(wanted);
+    renderSettings();
+    if (params.get("graph")) $("graph").value = params.get("graph");
+    status(listed.auth ? "signed in with an API key" : "no API keys on this server (loopback use)");
+  } catch (error) {
+    showError(error);
+  }
+}
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.key = $("key-input").value.trim();
+  sessionStorage.setItem("mia-key", state.key);
+  state.thread = null;
+  boot();
+});
+$("change-key").addEventListener("click", () => {
+  showError(new HttpError(401, "Enter the API key to use (MIA_API_KEYS on the server)."));
+});
+
+// ---- collections --------------------------------------------------------------------------------
+function renderCollections(preferred) {
+  const select = $("collection");
+  const current = preferred || select.value;
+  select.replaceChildren(...state.collections.map((c) => el("option", {value: c.collection}, c.collection)));
+  if (state.collections.some((c) => c.collection === current)) select.value = current;
+  $("add-collection").value = $("add-collection").value || select.value || "";
+  const list = $("collection-list");
+  list.replaceChildren();
+  if (!state.collections.length) list.append(el("li", {class: "muted"}, "No collections yet: add a book below."));
+  for (const c of state.collections) {
+    const books = el("ol", {class: "books"}, c.books.map((b) =>
+      el("li", {}, el("span", {class: "book-name"}, b.book),
+         el("span", {class: "muted"}, ` ${fmt(b.chunks)} chunks · ${fmt(b.summaries)} summaries · ${fmt(b.tokens)} tokens`))));
+    list.append(el("li", {class: "collection", "data-collection": c.collection},
+      el("div", {class: "collection-head"},
+        el("button", {type: "button", class: "link", onclick: () => { select.value = c.collection; newThread(); }}, c.collection),
+        el("button", {type: "button", class: "delete", title: `Delete ${c.collection}`, onclick: () => removeCollection(c.collection)}, "Delete")),
+      el("div", {class: "stats"}, `${c.books.length} book(s) · ${fmt(c.chunks)} chunks · ${fmt(c.summaries)} summaries · ${fmt(c.tokens)} tokens`),
+      c.unfinished && c.unfinished.chunks ? el("div", {class: "warning"}, `unfinished ingestion: ${fmt(c.unfinished.chunks)} chunks not committed`) : null,
+      el("details", {}, el("summary", {}, "books"), books)));
+  }
+}
+
+async function refreshCollections() {
+  const listed = await api("/mia/api/collections");
+  state.collections = listed.collections;
+  renderCollections();
+}
+
+async function removeCollection(name) {
+  if (!confirm(`Delete collection "${name}" with all its books, chunks and summaries? This cannot be undone.`)) return;
+  try {
+    await api(`/mia/api/collections/${enc(name)}`, {method: "DELETE"});
+    status(`removed ${name}`);
+    if (state.thread && state.thread.collection === name) newThread();
+    await refreshCollections();
+  } catch (error) { showError(error); }
+}
+
+$("add-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const collection = $("add-collection").value.trim();
+  const summarizer = $("add-summarizer").value;
+  const mode = document.querySelector("input[name=add-mode]:checked").value;
+  $("add-result").textContent = "";
+  try {
+    let job;
+    if (mode === "upload") {
+      const file = $("add-file").files[0];
+      if (!file) throw new Error("choose a .txt or .md file to upload");
+      const response = await fetch(`/mia/api/collections/${enc(collection)}/upload?filename=${enc(file.name)}&summarizer=${enc(summarizer)}`,
+                                   {method: "PUT", headers: authHeaders({"Content-Type": "application/octet-stream"}), body: file});
+      if (!response.ok) throw await failure(response);
+      job = await response.json();
+    } else {
+      const path = $("add-path").value.trim();
+      if (!path) throw new Error("give a path relative to the server's ingest root");
+      job = await postJson(`/mia/api/collections/${enc(collection)}/ingest`, {paths: [path], summarizer});
+    }
+    await followJob(job);
+  } catch (error) {
+    if (error instanceof HttpError && error.status === 401) showError(error);
+    else $("add-result").textContent = `Not ingested: ${error.message}`;
+  }
+});
+
+async function followJob(job) {
+  $("add-submit").disabled = true;
+  $("add-progress").hidden = false;
+  try {
+    for (;;) {
+      const books = job.books_total ? `book ${Math.min(job.books_done + 1, job.books_total)} of ${job.books_total} · ` : "";
+      const bar = $("add-bar");
+      bar.max = Math.max(job.total, 1);
+      bar.value = job.state === "done" ? bar.max : job.done;
+      $("add-stage").textContent = `${books}${job.stage}${job.total ? ` ${fmt(job.done)}/${fmt(job.total)}` : ""}`;
+      if (job.state !== "running") break;
+      await new Promise((resolve) => setTimeout(resolve, JOB_POLL_MS));
+      job = await api(`/mia/api/jobs/${enc(job.id)}`);
+    }
+    if (job.state === "failed") {
+      $("add-result").textContent = `Failed: ${job.error}`;
+      $("add-result").className = "error";
+      return;
+    }
+    const r = job.report;
+    $("add-result").className = "ok";
+    $("add-result").textContent = `${job.collection}: ${r.books_written.length} book(s) written, ${r.books_unchanged.length} unchanged; `
+      + `${fmt(r.chunks)} chunks, ${fmt(r.summaries)} summaries in ${((job.finished - job.started)).toFixed(1)} s`;
+    await refreshCollections();
+    $("collection").value = job.collection;
+  } finally {
+    $("add-submit").disabled = false;
+  }
+}
+
+// ---- settings panel -----------------------------------------------------------------------------
+function renderSettings() {
+  const box = $("settings");
+  box.replaceChildren();
+  for (const name of PANEL_SETTINGS) {
+    const setting = state.schema[name];
+    if (!setting) continue;
+    const value = name in state.overrides ? state.overrides[name] : setting.default;
+    let input;
+    if (setting.type === "choice") {
+      input = el("select", {}, setting.choices.map((c) => el("option", {value: c, selected: c === value}, c)));
+    } else if (setting.type === "bool") {
+      input = el("input", {type: "checkbox", checked: Boolean(value)});
+    } else {
+      input = el("input", {type: "number", step: setting.type === "float" ? "0.05" : "1", value: String(value)});
+    }
+    input.id = `setting-${name}`;
+    input.addEventListener("change", () => {
+      const raw = setting.type === "bool" ? input.checked : input.value;
+      const parsed = setting.type === "int" ? parseInt(raw, 10) : setting.type === "float" ? parseFloat(raw) : raw;
+      if (parsed === setting.default || Number.isNaN(parsed)) delete state.overrides[name];
+      else state.overrides[name] = parsed;
+    });
+    box.append(el("div", {class: "setting"},
+      el("label", {for: input.id}, el("code", {}, name), " ", input),
+      el("div", {class: "description"}, setting.description)));
+  }
+}
+
+$("reset-settings").addEventListener("click", () => { state.overrides = {}; renderSettings(); });
+
+// ---- chat ---------------------------------------------------------------------------------------
+function newThread() {
+  state.thread = null;
+  $("thread-label").textContent = "";
+  $("messages").replaceChildren();
+}
+
+$("new-thread").addEventListener("click", newThread);
+$("collection").addEventListener("change", newThread);
+$("graph").addEventListener("change", newThread);
+
+$("question").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("ask-form").requestSubmit();
+  }
+});
+
+$("ask-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const question = $("question").value.trim();
+  if (!question) return;
+  $("question").value = "";
+  ask(question).catch(showError);
+});
+
+async function* sseEvents(response) {
+  // The LangGraph API streams server-sent events: "event: NAME" and "data: JSON" lines, blank-line separated.
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, {stream: true});
+    let cut;
+    while ((cut = buffer.search(/\r?\n\r?\n/)) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, "");
+      let name = "message";
+      const data = [];
+      for (const line of block.split(/\r?\n/)) {
+        if (line.startsWith("event:")) name = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (!data.length) continue;
+      let parsed;
+      try { parsed = JSON.parse(data.join("\n")); } catch (_) { parsed = data.join("\n"); }
+      yield {name, data: parsed};
+    }
+  }
+}
+
+function addMessage(role, text) {
+  const body = el("div", {class: "body"}, text);
+  const node = el("div", {class: `message ${role}`}, el("div", {class: "role"}, role === "user" ? "You" : "MiA"), body);
+  $("messages").append(node);
+  node.scrollIntoView({block: "end"});
+  return node;
+}
+
+async function ask(question) {
+  const collection = $("collection").value;
+  const graph = $("graph").value;
+  if (!collection) throw new Error("choose a collection first (or add a book)");
+  if (!state.thread || state.thread.collection !== collection || state.thread.graph !== graph) {
+    const created = await postJson("/threads", {metadata: {collection, graph, client: "mia-web"}});
+    state.thread = {id: created.thread_id, collection, graph};
+    $("messages").replaceChildren();
+  }
+  $("thread-label").textContent = `thread ${state.thread.id.slice(0, 8)}`;
+  addMessage("user", question);
+  const message = addMessage("assistant", "");
+  message.classList.add("pending");
+  const answerNode = message.querySelector(".body");
+  const run = {graph, collection, question, step0: null, signature0: null, retrievals: [], steps: [], values: {},
+               started: performance.now(), firstToken: null};
+  state.runs.push(run);
+  $("ask").disabled = true;
+  status(`${graph} is working…`);
+  try {
+    const response = await fetch(`/threads/${enc(state.thread.id)}/runs/stream`, {
+      method: "POST",
+      headers: authHeaders({"Content-Type": "application/json", Accept: "text/event-stream"}),
+      body: JSON.stringify({
+        assistant_id: graph,
+        input: {messages: [{role: "user", content: question}]},
+        context: {...state.overrides, collection},
+        stream_mode: ["messages-tuple", "updates", "custom", "values"],
+      }),
+    });
+    if (!response.ok) throw await failure(response);
+    let streamed = "";
+    for await (const event of sseEvents(response)) {
+      if (event.name === "messages") {
+        const [chunk, meta] = event.data;
+        const text = typeof chunk.content === "string" ? chunk.content : "";
+        if (!text || !GENERATING_NODES.has(meta.langgraph_node) || !String(chunk.type).endsWith("Chunk")) continue;
+        streamed += text;
+        answerNode.textContent = streamed;
+        if (run.firstToken === null) markFirstToken(run, chunk);
+      } else if (event.name === "updates") {
+        collectUpdate(run, event.data);
+      } else if (event.name === "custom") {
+        if (event.data && String(event.data.event || "").endsWith("_step")) run.steps.push(event.data);
+      } else if (event.name === "values") {
+        run.values = event.data;
+      } else if (event.name === "error") {
+        throw new Error(event.data.message || event.data.error || JSON.stringify(event.data));
+      }
+    }
+    run.elapsed = (performance.now() - run.started) / 1000;
+    finishMessage(message, run);
+    status(`${graph} answered in ${run.elapsed.toFixed(1)} s`);
+    await renderInspector(run);
+  } catch (error) {
+    message.classList.add("failed");
+    answerNode.textContent = `Error: ${error.message}`;
+    if (error instanceof HttpError && (error.status === 401 || error.status === 403)) showError(error);
+    else status(error.message, "error");
+  } finally {
+    message.classList.remove("pending");
+    $("ask").disabled = false;
+  }
+}
+
+function markFirstToken(run, chunk) {
+  // Time from the model producing its first token (its own clock, this machine's) to the token
+  // being painted: the page's share of the latency, read by the UI benchmark.
+  run.firstToken = performance.now();
+  const generatedAt = chunk.response_metadata && chunk.response_metadata.generated_at;
+  requestAnimationFrame(() => requestAnimationFrame(() => {
+    const painted = Date.now() / 1000;
+    window.miaTimings.push({graph: run.graph, first_token_s: (run.firstToken - run.started) / 1000,
+                            screen_after_model_s: generatedAt ? painted - generatedAt : null});
+  }));
+}
+
+function collectUpdate(run, update) {
+  for (const [node, value] of Object.entries(update || {})) {
+    if (!value || typeof value !== "object") continue;
+    if (value.step0 && value.step0.length) run.step0 = value.step0;
+    if (node === "init_signature" && value.signature) run.signature0 = value.signature;
+    if (node === "retrieve" && value.retrieved) run.retrievals.push(value.retrieved);
+  }
+}
+
+function finishMessage(message, run) {
+  const values = run.values || {};
+  const body = message.querySelector(".body");
+  if (values.answer) body.textContent = values.answer;
+  const citations = values.citations || [];
+  if (citations.length) {
+    message.append(el("div", {class: "sources"}, "Sources: ",
+      citations.map((c) => el("button", {type: "button", class: "citation", "data-chunk": c.id,
+        title: c.cited_by_model ? "cited by the model" : "passage given to the model (it cited none)",
+        onclick: () => openPassage(run.collection, c.id)}, `[${c.n}] ${c.book}, chunk ${c.chunk}`))));
+  }
+  const usage = values.usage || {};
+  message.append(el("div", {class: "meta muted"},
+    `${run.graph} · ${run.elapsed.toFixed(1)} s · ${usage.llm_calls || 0} LLM call(s), ${fmt(usage.input_tokens || 0)} prompt / ${fmt(usage.output_tokens || 0)} generated tokens`,
+    " · ", el("button", {type: "button", class: "link", onclick: () => renderInspector(run)}, "show retrieval")));
+}
+
+// ---- citations in their book --------------------------------------------------------------------
+async function openPassage(collection, chunkId) {
+  try {
+    const p = await api(`/mia/api/collections/${enc(collection)}/passage?chunk=${enc(chunkId)}`);
+    $("passage-title").textContent = `${p.book} — chunk ${p.index} of ${p.chunks}`;
+    $("passage-marker").style.left = `${(p.position * 100).toFixed(2)}%`;
+    $("passage-where").textContent = `characters ${fmt(p.start)}–${fmt(p.end)}, ${(p.position * 100).toFixed(1)}% into the book`;
+    const mark = el("mark", {id: "passage-mark", "data-book": p.book, "data-start": String(p.start), "data-end": String(p.end)}, p.text);
+    $("passage-text").replaceChildren(el("span", {class: "context"}, p.before), mark, el("span", {class: "context"}, p.after));
+    $("passage").showModal();
+    mark.scrollIntoView({block: "center"});
+  } catch (error) { showError(error); }
+}
+
+$("passage-close").addEventListener("click", () => $("passage").close());
+
+// ---- the inspector: signature, book strip, rankings, steps --------------------------------------
+async function renderInspector(run) {
+  const values = run.values || {};
+  const final = values.retrieved || run.retrievals[run.retrievals.length - 1] || [];
+  const signature = run.signature0 || values.signature || [];
+  const chunkIds = new Set([...(run.step0 || []), ...final, ...run.retrievals.flat()].map((r) => r.id));
+  for (const c of values.citations || []) chunkIds.add(c.id);
+  const summaryIds = new Set([...signature, ...(values.signature || [])].map((s) => s.id));
+  for (const s of run.steps) for (const id of s.signature || []) summaryIds.add(id);
+  $("inspector-empty").hidden = true;
+  $("inspector-label").textContent = `— ${run.graph}: “${run.question}”`;
+  for (const id of ["signature-panel", "strip-panel", "rankings-panel", "steps-panel"]) $(id).replaceChildren();
+  let looked = {chunks: {}, summaries: {}, books: {}};
+  if (chunkIds.size || summaryIds.size) {
+    looked = await postJson(`/mia/api/collections/${enc(run.collection)}/lookup`, {chunks: [...chunkIds], summaries: [...summaryIds]});
+  }
+  if (signature.length) renderSignature(signature, looked, values.signature || []);
+  if (final.length || run.step0) renderStrip(run, final, signature, looked);
+  if (final.length) renderRankings(run.step0, final, looked, FINAL_RANKING[run.graph] || "Final ranking");
+  if (run.steps.length) renderSteps(run, looked);
+}
+
+function renderSignature(signature, looked, finalSignature) {
+  // First-K (the agents' default) trades nothing off: its parts are 0 and there are no bars to draw.
+  const hasGains = signature.some((s) => (s.relevance || 0) + (s.coverage || 0) + (s.diversity || 0) > 0);
+  const panel = $("signature-panel");
+  panel.append(el("h3", {}, `Signature (K_sum = ${signature.length})`),
+    hasGains ? el("div", {class: "legend"}, el("span", {class: "sw relevance"}), "relevance ",
+                  el("span", {class: "sw coverage"}), "coverage ", el("span", {class: "sw diversity"}), "diversity (marginal gains, in selection order)")
+             : el("div", {class: "legend"}, "First-K: the sessions of the best-ranked step-0 chunks, in rank order (nothing traded off)."));
+  const top = Math.max(...signature.map((s) => (s.relevance || 0) + (s.coverage || 0) + (s.diversity || 0)), 1e-9);
+  signature.forEach((s, i) => {
+    const info = looked.summaries[s.id];
+    const bars = hasGains ? el("div", {class: "bars", title: `gain ${s.gain.toFixed(3)} = ${s.relevance.toFixed(3)} + ${s.coverage.toFixed(3)} + ${s.diversity.toFixed(3)}`},
+      ["relevance", "coverage", "diversity"].map((part) => el("span", {class: `bar ${part}`, "data-value": String(s[part]),
+        style: `width:${(100 * Math.max(s[part], 0) / top).toFixed(1)}%`}))) : null;
+    const where = info ? `${info.book}, chunks ${info.first_chunk}–${info.last_chunk}` : s.id;
+    panel.append(el("div", {class: "sig-row", "data-summary": s.id},
+      el("div", {class: "sig-head"}, el("b", {}, `${i + 1}. `), where,
+         typeof s.gain === "number" ? el("span", {class: "muted"}, hasGains ? ` gain ${s.gain.toFixed(3)}` : ` rank weight ${s.gain.toFixed(3)}`) : null),
+      bars,
+      el("details", {}, el("summary", {}, "summary"), el("p", {class: "summary-text"}, info ? info.text : "(not found)"))));
+  });
+  const changed = finalSignature.length && finalSignature.map((s) => s.id).join() !== signature.map((s) => s.id).join();
+  if (changed) panel.append(el("p", {class: "muted"}, `The agent refined it to: ${finalSignature.map((s) => s.id).join(", ")}`));
+}
+
+function renderStrip(run, final, signature, looked) {
+  // One bar per book in series order: where step-0 hits, signature windows and final chunks lie.
+  const panel = $("strip-panel");
+  const books = Object.entries(looked.books).sort((a, b) => a[1].order - b[1].order);
+  const cited = new Set(((run.values || {}).citations || []).map((c) => c.id));
+  const marks = {};
+  const add = (book, item) => { (marks[book] = marks[book] || []).push(item); };
+  for (const s of signature) {
+    const info = looked.summaries[s.id];
+    if (info) add(info.book, {kind: "window", start: info.start, end: info.end, title: `signature: ${s.id}`});
+  }
+  for (const r of run.step0 || []) {
+    const info = looked.chunks[r.id];
+    if (info) add(info.book, {kind: "step0", start: info.start, end: info.end, title: `step 0: ${chunkLabel(r.id, info)}`});
+  }
+  for (const r of final) {
+    const info = looked.chunks[r.id];
+    if (info) add(info.book, {kind: cited.has(r.id) ? "final cited" : "final", start: info.start, end: info.end, title: `final: ${chunkLabel(r.id, info)}`});
+  }
+  const shown = books.filter(([book]) => marks[book]);
+  if (!shown.length) return;
+  panel.append(el("h3", {}, "Where in the books"),
+    el("div", {class: "legend"}, el("span", {class: "sw window"}), "signature window ", el("span", {class: "sw step0"}), "step-0 hit ",
+       el("span", {class: "sw final"}), "final chunk ", el("span", {class: "sw cited"}), "cited"));
+  const hidden = books.length - shown.length;
+  for (const [book, info] of shown) {
+    const span = Math.max(info.body_end - info.body_start, 1);
+    const strip = el("div", {class: "strip", "data-book": book});
+    for (const m of marks[book]) {
+      const left = 100 * (m.start - info.body_start) / span;
+      const width = Math.max(100 * (m.end - m.start) / span, 0.4);
+      strip.append(el("span", {class: `mark ${m.kind}`, title: m.title, style: `left:${left.toFixed(2)}%;width:${width.toFixed(2)}%`}));
+    }
+    panel.append(el("div", {class: "strip-row"}, el("div", {class: "strip-label"}, book), strip));
+  }
+  if (hidden) panel.append(el("p", {class: "muted"}, `${hidden} other book(s) had no hit.`));
+}
+
+const FINAL_RANKING = {rag: "Ranking (query only)", mia_rag: "Final (query + signature, Eq. 4)",
+                       mia_agent: "Last step (q_t + σ_t)", agent: "Last step (q_t)"};
+
+function renderRankings(step0, final, looked, finalLabel) {
+  const panel = $("rankings-panel");
+  const rows = Math.min(RANKING_ROWS, final.length);
+  const before = new Map((step0 || []).map((r, i) => [r.id, i]));
+  const cell = (r, moved) => {
+    const info = looked.chunks[r.id];
+    return el("td", {class: moved, title: info ? info.preview : r.id}, chunkLabel(r.id, info),
+              el("span", {class: "score muted"}, ` ${Number(r.score).toFixed(3)}`));
+  };
+  const head = step0 ? el("tr", {}, el("th", {}, "#"), el("th", {}, "Step 0 (query only)"), el("th", {}, finalLabel), el("th", {}, "moved"))
+                     : el("tr", {}, el("th", {}, "#"), el("th", {}, finalLabel));
+  const body = [];
+  for (let i = 0; i < rows; i++) {
+    const r = final[i];
+    if (!step0) { body.push(el("tr", {}, el("td", {}, i + 1), cell(r, ""))); continue; }
+    const was = before.has(r.id) ? before.get(r.id) : null;
+    const moved = was === null ? "new" : was > i ? `↑${was - i}` : was < i ? `↓${i - was}` : "=";
+    const left = step0[i];
+    body.push(el("tr", {}, el("td", {}, i + 1), left ? cell(left, "") : el("td", {}),
+                 cell(r, was === null ? "new" : was > i ? "up" : ""), el("td", {class: "moved"}, was === null ? "new" : moved)));
+  }
+  panel.append(el("h3", {}, step0 ? "Step-0 ranking beside the final one" : "Ranking"),
+               el("table", {class: "rankings"}, el("thead", {}, head), el("tbody", {}, body)));
+}
+
+function renderSteps(run, looked) {
+  const panel = $("steps-panel");
+  const kinds = new Set(run.steps.map((s) => s.event));
+  if (kinds.has("agent_step")) {
+    panel.append(el("h3", {}, "Agent steps"));
+    run.steps.filter((s) => s.event === "agent_step").forEach((s, i) => {
+      const retrieved = run.retrievals[i] || [];
+      panel.append(el("div", {class: "step", "data-step": String(s.step)},
+        el("div", {class: "step-head"}, el("b", {}, `Step ${s.step}`), ` · decision ${s.decision}`, s.failure ? ` · ${s.failure}` : ""),
+        el("div", {}, el("span", {class: "muted"}, "query "), s.query),
+        s.next_query && s.next_query !== s.query ? el("div", {}, el("span", {class: "muted"}, "next query "), s.next_query) : null,
+        s.signature ? el("div", {}, el("span", {class: "muted"}, "signature "), s.signature.join(", ")) : null,
+        el("div", {class: "muted"}, `${retrieved.length} chunk(s) retrieved`),
+        (s.new_evidence || []).length ? el("ul", {class: "evidence"}, s.new_evidence.map((f) =>
+          el("li", {}, f.fact, el("span", {class: "muted"}, ` (${f.chunks.map((id) => chunkLabel(id, looked.chunks[id])).join("; ")})`)))) :
+          el("div", {class: "muted"}, "no new evidence")));
+    });
+  }
+  const memory = run.steps.filter((s) => s.event === "infmem_step" || s.event === "memagent_step");
+  if (memory.length) {
+    const limit = Math.max(...memory.map((s) => s.memory_tokens || 0), 1);
+    panel.append(el("h3", {}, run.graph === "infmem" ? "Streamed chunks: PreThink and memory" : "Streamed chunks: memory"),
+      el("table", {class: "memory-steps"},
+        el("thead", {}, el("tr", {}, ["step", "characters", "decision", "query", "retrieved", "memory tokens"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, memory.map((s) => el("tr", {"data-step": String(s.step)},
+          el("td", {}, s.step), el("td", {}, `${fmt(s.start)}–${fmt(s.end)}`),
+          el("td", {class: s.decision === "STOP" ? "stop" : ""}, s.decision || "write"),
+          el("td", {}, s.query ? `${s.query} (top ${s.top_k})` : ""),
+          el("td", {}, s.retrieved ? String(s.retrieved.length) : ""),
+          el("td", {}, el("span", {class: "membar", style: `width:${(60 * (s.memory_tokens || 0) / limit).toFixed(0)}px`}), ` ${s.memory_tokens}`))))));
+  }
+}
+
+boot();

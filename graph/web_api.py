@@ -1,0 +1,361 @@
+"""The web page's own endpoints under ``/mia``: the page, collections, ingestion jobs, passages.
+
+The page (``graph/web/``: one HTML file, one script, one stylesheet, nothing fetched from
+outside the machine) chats through the LangGraph API itself (threads, ``runs/stream``), so a
+question asked on the page is an ordinary run that Studio and the SDK can inspect. What the API
+does not offer lives here: collection statistics, deleting a collection, ingesting an uploaded
+file or a path under ``MIA_INGEST_ROOT`` as a background job with live progress, and the texts
+and positions that turn a run's ids into pictures (chunk and summary records, book lengths,
+a cited passage in its book context).
+
+Custom routes are not covered by LangGraph's custom auth, so every endpoint here authenticates
+itself with the same keys and decisions as ``graph/auth.py``: a key sees, reads, fills and
+deletes only the collections it may use, and its ingestion jobs are its own. Store reads run
+in worker threads (``asyncio.to_thread``) to keep the server's event loop free; ingestion runs
+in a thread of the server process, which is the one writer of the embedded store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+import typing
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Awaitable, Callable, get_args
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from graph.auth import KEYS, AuthFailure, Caller, check_collection, identify
+from nodes.context import Context
+from stores.mindscape import Mindscape, MindscapeError, chroma_client, delete_mindscape, list_mindscapes, validate_name
+from stores.paths import PathError, files_under, ingest_root
+from stores.settings import mia_home
+from stores.writer_lock import StoreBusy
+
+ASSETS = Path(__file__).resolve().parent / "web"
+PREFIX = "/mia"
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+"""A book is a few MB of text; a larger body is refused before it is written."""
+PREVIEW_CHARS = 240
+CONTEXT_CHARS = 1500
+"""Characters of book text shown on each side of a cited passage (at most ``MAX_CONTEXT_CHARS``)."""
+MAX_CONTEXT_CHARS = 20_000
+_UPLOAD_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class WebError(Exception):
+    """A refused request: its status and a message that says what to do."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+def authenticated(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint with its caller resolved from the request's key, and refusals as JSON
+    ``{"detail": ...}`` (the LangGraph API's error shape, so the page reads both alike)."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            caller = identify(KEYS, request.headers.get("authorization"), request.headers.get("x-api-key"))
+            return await handler(request, caller)
+        except AuthFailure as failure:
+            return JSONResponse({"detail": failure.message}, status_code=failure.status)
+        except WebError as error:
+            return JSONResponse({"detail": error.message}, status_code=error.status)
+        except StoreBusy as error:
+            return JSONResponse({"detail": str(error)}, status_code=409)
+        except PathError as error:  # refused as the ingest graph's paths are (graph.auth)
+            return JSONResponse({"detail": str(error)}, status_code=403)
+        except MindscapeError as error:
+            return JSONResponse({"detail": str(error)}, status_code=404 if "unknown collection" in str(error) else 400)
+    return endpoint
+
+
+def _allowed_collection(request: Request, caller: Caller) -> str:
+    """The collection named in the path, if its name is valid and the caller may use it (403 first:
+    a key must not learn which collections it may not use exist)."""
+    name = request.path_params["name"]
+    try:
+        validate_name(name)
+    except MindscapeError as exc:
+        raise WebError(400, str(exc)) from None
+    check_collection(caller, name)
+    return name
+
+
+def _open(name: str) -> Mindscape:
+    return Mindscape(name, chroma_client())
+
+
+# ---- collections ------------------------------------------------------------------------------
+async def collections(request: Request, caller: Caller) -> Response:
+    """Every collection the caller may use, with its books, chunks, summaries and tokens."""
+    def read() -> list[dict[str, Any]]:
+        client = chroma_client()
+        return [Mindscape(n, client).stats() for n in list_mindscapes(client) if caller.may_use(n)]
+
+    return JSONResponse({"collections": await asyncio.to_thread(read), "auth": KEYS is not None})
+
+
+async def collection(request: Request, caller: Caller) -> Response:
+    name = _allowed_collection(request, caller)
+    return JSONResponse(await asyncio.to_thread(lambda: _open(name).stats()))
+
+
+async def remove_collection(request: Request, caller: Caller) -> Response:
+    name = _allowed_collection(request, caller)
+    await asyncio.to_thread(delete_mindscape, name)
+    return JSONResponse({"removed": name})
+
+
+# ---- ingestion jobs ---------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One ingestion running (or finished) in the server process; polled by the page."""
+
+    id: str
+    owner: str
+    collection: str
+    files: list[str]
+    state: str = "running"  # running | done | failed
+    stage: str = "starting"
+    done: int = 0
+    total: int = 0
+    books_done: int = 0
+    books_total: int = 0
+    report: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    started: float = field(default_factory=time.time)
+    finished: float = 0.0
+
+    def progress(self, stage: str, done: int, total: int) -> None:
+        if stage == "books":
+            self.books_done, self.books_total = done, total
+        else:
+            self.stage, self.done, self.total = stage, done, total
+
+
+JOBS: dict[str, Job] = {}
+_JOBS_LOCK = threading.Lock()
+MAX_JOBS_KEPT = 100
+
+
+def start_job(owner: str, collection: str, files: list[Path], summarizer: str) -> Job:
+    """Ingest ``files`` into ``collection`` in a daemon thread; the job records its progress."""
+    from stores.ingest import IngestOptions
+
+    options = IngestOptions(summarizer=summarizer or IngestOptions.summarizer)  # type: ignore[arg-type]
+    try:
+        options.validate()
+    except ValueError as exc:
+        raise WebError(400, str(exc)) from None
+    job = Job(id=uuid.uuid4().hex, owner=owner, collection=collection, files=[f.name for f in files])
+    with _JOBS_LOCK:
+        finished = [j for j in JOBS.values() if j.state != "running"]
+        for old in sorted(finished, key=lambda j: j.finished)[: max(0, len(JOBS) - MAX_JOBS_KEPT + 1)]:
+            del JOBS[old.id]
+        JOBS[job.id] = job
+    threading.Thread(target=_run_job, args=(job, files, options), name=f"ingest-{job.id[:8]}", daemon=True).start()
+    return job
+
+
+def _run_job(job: Job, files: list[Path], options: Any) -> None:
+    from stores.chat import load_chat_model
+    from stores.embeddings import load_embedder
+    from stores.ingest import LLM_SUMMARIZERS, ingest
+
+    try:
+        llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
+        report = ingest(files, job.collection, load_embedder(), options=options, llm=llm, progress=False,
+                        on_progress=job.progress)
+        job.report, job.state = asdict(report), "done"
+    except Exception as exc:  # noqa: BLE001 - any failure is the job's result, shown on the page
+        job.error, job.state = str(exc) or type(exc).__name__, "failed"
+    finally:
+        job.finished = time.time()
+
+
+async def ingest_path(request: Request, caller: Caller) -> Response:
+    """``{"paths": [...], "summarizer": ...}``: files under ``MIA_INGEST_ROOT``, as the ingest graph reads them."""
+    from stores.ingest import SUPPORTED_SUFFIXES
+
+    name = _allowed_collection(request, caller)
+    body = await _json_body(request)
+    paths = body.get("paths")
+    if not isinstance(paths, list) or not paths:
+        raise WebError(400, "send {\"paths\": [\"folder/book.txt\"]}: paths relative to the ingest root")
+    files = await asyncio.to_thread(files_under, ingest_root(), paths, SUPPORTED_SUFFIXES)
+    job = start_job(caller.identity, name, files, str(body.get("summarizer") or ""))
+    return JSONResponse(_job_view(job), status_code=202)
+
+
+async def ingest_upload(request: Request, caller: Caller) -> Response:
+    """The request body is one ``.txt`` or ``.md`` file named by ``?filename=``; it is kept under
+    ``$MIA_HOME/uploads/COLLECTION/`` (the book's id is its file name) and ingested from there."""
+    from stores.ingest import SUPPORTED_SUFFIXES
+
+    name = _allowed_collection(request, caller)
+    raw_name = Path(request.query_params.get("filename", "")).name
+    filename = _UPLOAD_NAME.sub("_", raw_name).strip("._")
+    if not filename or Path(filename).suffix.lower() not in SUPPORTED_SUFFIXES:
+        raise WebError(400, f"upload {raw_name!r}: name a {' or '.join(SUPPORTED_SUFFIXES)} file with ?filename=")
+    data = bytearray()
+    async for part in request.stream():
+        data.extend(part)
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise WebError(413, f"upload larger than {MAX_UPLOAD_BYTES // 2**20} MB: ingest it with `mia ingest` instead")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WebError(400, f"upload {filename!r} is not UTF-8 text: convert it first") from None
+    if not text.strip():
+        raise WebError(400, f"upload {filename!r} is empty")
+    target = mia_home() / "uploads" / name / filename
+    await asyncio.to_thread(_write_atomically, target, text)
+    job = start_job(caller.identity, name, [target], request.query_params.get("summarizer", ""))
+    return JSONResponse(_job_view(job), status_code=202)
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(target)
+
+
+async def job_status(request: Request, caller: Caller) -> Response:
+    job = JOBS.get(request.path_params["job"])
+    if job is None or job.owner != caller.identity:
+        raise WebError(404, "unknown ingestion job: it belongs to another key, or the server restarted")
+    return JSONResponse(_job_view(job))
+
+
+def _job_view(job: Job) -> dict[str, Any]:
+    view = asdict(job)
+    del view["owner"]
+    return view
+
+
+# ---- what a run's ids point to ----------------------------------------------------------------
+async def lookup(request: Request, caller: Caller) -> Response:
+    """``{"chunks": [ids], "summaries": [ids]}`` → their books, positions, a preview of each chunk
+    and each summary's text, plus every book's body span: what the page draws rankings and the book
+    strip from (a run's state holds ids only)."""
+    name = _allowed_collection(request, caller)
+    body = await _json_body(request)
+    chunk_ids = [str(i) for i in body.get("chunks") or []][:1000]
+    summary_ids = [str(i) for i in body.get("summaries") or []][:200]
+
+    def read() -> dict[str, Any]:
+        store = _open(name)
+        chunks = {c["id"]: {"book": c["book"], "index": c["index"], "start": c["start"], "end": c["end"],
+                            "summary_id": c.get("summary_id", ""), "preview": c["text"][:PREVIEW_CHARS]}
+                  for c in store.chunk_records(chunk_ids)}
+        summaries = {s["id"]: {"book": s["book"], "window": s.get("window"), "first_chunk": s.get("first_chunk"),
+                               "last_chunk": s.get("last_chunk"), "start": s.get("start"), "end": s.get("end"),
+                               "text": s["text"]}
+                     for s in store.summary_records(summary_ids)}
+        records = store.book_records()
+        books = {b: {"order": r["order"], "chunks": r["chunks"], "summaries": r["summaries"], "tokens": r["tokens"],
+                     "body_start": int(r.get("body_start", 0)), "body_end": int(r.get("body_end", 0))}
+                 for b, r in records.items()}
+        return {"chunks": chunks, "summaries": summaries, "books": books}
+
+    return JSONResponse(await asyncio.to_thread(read))
+
+
+async def passage(request: Request, caller: Caller) -> Response:
+    """A chunk in its book: the text before it, the chunk itself (the cited span) and after it,
+    with its offsets and its position in the book."""
+    name = _allowed_collection(request, caller)
+    chunk_id = request.query_params.get("chunk", "")
+    try:
+        around = min(max(int(request.query_params.get("context", CONTEXT_CHARS)), 0), MAX_CONTEXT_CHARS)
+    except ValueError:
+        raise WebError(400, "context must be a number of characters") from None
+
+    def read() -> dict[str, Any]:
+        store = _open(name)
+        found = store.chunk_records([chunk_id])
+        if not found:
+            raise WebError(404, f"collection {name!r} has no committed chunk {chunk_id!r}")
+        chunk = found[0]
+        text = store.book_text(chunk["book"])
+        record = store.book_records()[chunk["book"]]
+        body_start, body_end = int(record.get("body_start", 0)), int(record.get("body_end", len(text)))
+        start, end = int(chunk["start"]), int(chunk["end"])
+        lo, hi = max(body_start, start - around), min(body_end, end + around)
+        return {
+            "collection": name, "id": chunk["id"], "book": chunk["book"], "index": chunk["index"],
+            "chunks": int(record["chunks"]), "start": start, "end": end, "body_start": body_start, "body_end": body_end,
+            "position": round((start - body_start) / max(body_end - body_start, 1), 4),
+            "before": text[lo:start], "text": text[start:end], "after": text[end:hi],
+        }
+
+    return JSONResponse(await asyncio.to_thread(read))
+
+
+# ---- settings form ----------------------------------------------------------------------------
+def settings_schema() -> list[dict[str, Any]]:
+    """Every ``Context`` setting with its type, choices, effective default (``MIA_*`` applied) and
+    description: the page's side panel is built from the same fields as Studio's form."""
+    hints = typing.get_type_hints(Context)
+    defaults = Context()
+    out = []
+    for f in fields(Context):
+        kind = hints[f.name]
+        choices = list(get_args(kind)) if typing.get_origin(kind) is typing.Literal else []
+        out.append({"name": f.name, "type": "choice" if choices else kind.__name__, "choices": choices,
+                    "default": getattr(defaults, f.name), "description": f.metadata["description"], "group": f.metadata["group"]})
+    return out
+
+
+async def settings(request: Request, caller: Caller) -> Response:
+    return JSONResponse({"settings": settings_schema()})
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise WebError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise WebError(400, "the request body must be a JSON object")
+    return body
+
+
+# ---- the page -----------------------------------------------------------------------------------
+async def page(request: Request) -> Response:
+    """The page itself holds no data, so it is served without a key; everything it shows comes
+    from authenticated calls."""
+    return FileResponse(ASSETS / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def to_page(request: Request) -> Response:
+    return RedirectResponse(f"{PREFIX}/")
+
+
+routes = [
+    Route(PREFIX, to_page),
+    Route(f"{PREFIX}/", page),
+    Mount(f"{PREFIX}/static", app=StaticFiles(directory=ASSETS), name="mia-static"),
+    Route(f"{PREFIX}/api/settings", authenticated(settings)),
+    Route(f"{PREFIX}/api/collections", authenticated(collections)),
+    Route(f"{PREFIX}/api/collections/{{name}}", authenticated(collection), methods=["GET"]),
+    Route(f"{PREFIX}/api/collections/{{name}}", authenticated(remove_collection), methods=["DELETE"]),
+    Route(f"{PREFIX}/api/collections/{{name}}/ingest", authenticated(ingest_path), methods=["POST"]),
+    Route(f"{PREFIX}/api/collections/{{name}}/upload", authenticated(ingest_upload), methods=["PUT"]),
+    Route(f"{PREFIX}/api/collections/{{name}}/lookup", authenticated(lookup), methods=["POST"]),
+    Route(f"{PREFIX}/api/collections/{{name}}/passage", authenticated(passage)),
+    Route(f"{PREFIX}/api/jobs/{{job}}", authenticated(job_status)),
+]
