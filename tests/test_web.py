@@ -248,7 +248,9 @@ def _visible(driver: Any, element_id: str) -> bool:
 
 
 def _collections_listed(driver: Any) -> list[str]:
-    return [li.get_attribute("data-collection") for li in driver.find_elements("css selector", "#collection-list li.collection")]
+    # Read in one script: the list is redrawn after every change, which would stale element handles.
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#collection-list li.collection')].map((li) => li.dataset.collection);")
 
 
 def _small_settings(driver: Any) -> None:

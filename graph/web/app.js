@@ -372,16 +372,17 @@ async function ask(question) {
     run.elapsed = (performance.now() - run.started) / 1000;
     finishMessage(message, run);
     status(`${graph} answered in ${run.elapsed.toFixed(1)} s`);
-    await renderInspector(run);
   } catch (error) {
     message.classList.add("failed");
     answerNode.textContent = `Error: ${error.message}`;
     if (error instanceof HttpError && (error.status === 401 || error.status === 403)) showError(error);
     else status(error.message, "error");
-  } finally {
-    message.classList.remove("pending");
-    $("ask").disabled = false;
   }
+  // Drawn once the answer is final, so a failed lookup cannot turn a good answer into an error;
+  // the message stays "pending" until then, which is what scripts driving the page wait for.
+  if (!message.classList.contains("failed")) await renderInspector(run).catch(showError);
+  message.classList.remove("pending");
+  $("ask").disabled = false;
 }
 
 function markFirstToken(run, chunk) {
