@@ -66,8 +66,8 @@ DEFAULT_LENGTH = 32000
 # Context defaults at the time results were first cached, for every field whose default has changed
 # since: a result computed under the old default keeps its fingerprint, and one under the new default
 # gets a new one. Add a line here whenever a Context default changes.
-FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60}
-HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k"})
+FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60, "bm25_stemming": False}
+HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 """Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
 
 

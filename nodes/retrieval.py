@@ -47,11 +47,13 @@ class Fusion:
 
     bm25_weight: float = 1.0
     k: int = RRF_K
+    stem: bool = False
+    """Whether BM25 matches words by their Snowball English stems (``bm25_stemming``)."""
 
     @classmethod
     def of(cls, ctx: Context) -> Fusion | None:
         """The context's fusion, or None for dense retrieval."""
-        return cls(ctx.bm25_weight, ctx.rrf_k) if ctx.retriever == "hybrid" else None
+        return cls(ctx.bm25_weight, ctx.rrf_k, ctx.bm25_stemming) if ctx.retriever == "hybrid" else None
 
     def fuse(self, dense: Sequence[str], bm25: Sequence[str]) -> list[tuple[str, float]]:
         return reciprocal_rank_fusion(dense, bm25, k=self.k, weights=(1.0, self.bm25_weight))
@@ -68,9 +70,9 @@ def reciprocal_rank_fusion(*rankings: Sequence[str], k: int = RRF_K,
     return sorted(fused.items(), key=lambda item: -item[1])
 
 
-def lexical(store: Mindscape, text: str, depth: int) -> list[str]:
+def lexical(store: Mindscape, text: str, depth: int, fusion: Fusion) -> list[str]:
     """The BM25 ranking of ``text`` over the collection's chunks (hybrid retrieval)."""
-    return ChunkIndex.for_collection(store).search(text, depth)
+    return ChunkIndex.for_collection(store, stem=fusion.stem).search(text, depth)
 
 
 def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", fusion: Fusion | None = None,
@@ -85,7 +87,7 @@ def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "
     depth = max(k, depth)
     dense = store.search_chunks(query_vec, depth, vectors=True)
     by_id = {h.id: h for h in dense}
-    fused = fusion.fuse([h.id for h in dense], lexical(store, text, depth))[:k]
+    fused = fusion.fuse([h.id for h in dense], lexical(store, text, depth, fusion))[:k]
     missing = [i for i, _ in fused if i not in by_id]
     for id_, vector in zip(missing, store.vectors("chunks", missing) if missing else []):
         by_id[id_] = ChunkHit(id_, float(vector @ query_vec), "", vector)
@@ -153,7 +155,7 @@ def dual_signal(
 ) -> list[Scored]:
     """Top-k chunks of the whole collection under Eq. 4 (one interpolated search + exact rescoring);
     a ``fusion`` fuses it with BM25's ranking of ``text`` (whose hits are scored exactly too)."""
-    bm25 = lexical(store, text, max(k, candidates)) if fusion else []
+    bm25 = lexical(store, text, max(k, candidates), fusion) if fusion else []
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
     hits = store.search_chunks(mixed, max(k, candidates), vectors=True)
     ids = [h.id for h in hits]
@@ -239,7 +241,7 @@ def membership_prior(
     (when k ≤ candidates). With a ``fusion``, BM25's hits for ``text`` join the set and the exact
     order is fused with BM25's ranking.
     """
-    bm25 = lexical(store, text, max(k, candidates)) if fusion else []
+    bm25 = lexical(store, text, max(k, candidates), fusion) if fusion else []
     hits = store.search_chunks(query_vec, max(k, candidates))
     ids = list(dict.fromkeys([h.id for h in hits] + list(bm25)))
     owners: list[str | None] = [o or None for o in store.summary_of(ids)]

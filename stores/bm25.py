@@ -16,7 +16,11 @@ collection's version (the books' content hashes), so re-ingesting a book rebuild
 Tokenisation (one rule for every language, so a mixed English/Chinese collection works):
 words of letters and digits are lowercased and kept whole unless they are English stopwords;
 runs of CJK characters become their single characters plus their adjacent bigrams — unigrams
-for recall, bigrams for the precision that Chinese words (mostly two characters) need.
+for recall, bigrams for the precision that Chinese words (mostly two characters) need. The chunk
+index may also reduce each word to its Snowball English stem (PyStemmer), so "carted" meets
+"cart" and "wounded" meets "wound": the ``bm25_stemming`` setting, on by default since it was
+chosen on the fairy-tale train and validation questions (``evals/tune_lexical.py``). InfMem's
+in-document windows keep whole words, as measured in its reports.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from functools import lru_cache
 from typing import Any
 from pathlib import Path
 
+import threading
+
 import bm25s
 import numpy as np
+import Stemmer
 from bm25s.tokenization import STOPWORDS_EN
 
 from stores.mindscape import Mindscape
@@ -40,6 +47,8 @@ from stores.settings import mia_home
 from stores.tokens import token_spans
 
 TOKENIZER_VERSION = "words+cjk12-v1"
+STEMMED = "+snowball-en"
+"""Appended to the tokenizer's name (and so to the chunk index's key) when words are stemmed."""
 # CJK ideographs (unified, extension A, compatibility), kana and hangul syllables.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
@@ -60,15 +69,27 @@ class Window:
     score: float
 
 
-def tokenize(text: str) -> list[str]:
-    """BM25 terms of ``text`` (see the module docstring for the rule)."""
+_LOCAL = threading.local()
+
+
+def _stemmer() -> Stemmer.Stemmer:
+    """One stemmer per thread: PyStemmer's objects are not thread-safe, and the server answers in threads."""
+    stemmer = getattr(_LOCAL, "stemmer", None)
+    if stemmer is None:
+        stemmer = _LOCAL.stemmer = Stemmer.Stemmer("english")
+    return stemmer
+
+
+def tokenize(text: str, *, stem: bool = False) -> list[str]:
+    """BM25 terms of ``text`` (see the module docstring for the rule), words stemmed with ``stem``."""
     terms: list[str] = []
+    stem_word = _stemmer().stemWord if stem else None
     for run in _TOKEN.findall(text.lower()):
         if _CJK_RUN.match(run):
             terms.extend(run)
             terms.extend(run[i : i + 2] for i in range(len(run) - 1))
         elif run not in _STOPWORDS:
-            terms.append(run)
+            terms.append(stem_word(run) if stem_word else run)
     return terms
 
 
@@ -193,23 +214,26 @@ def _load(path: str) -> tuple[bm25s.BM25, list[tuple[int, int]]]:
 class ChunkIndex:
     """BM25 over every chunk of a collection; hits are chunk ids."""
 
-    def __init__(self, ids: list[str], retriever: bm25s.BM25) -> None:
+    def __init__(self, ids: list[str], retriever: bm25s.BM25, stem: bool) -> None:
         self.ids = ids
         self.retriever = retriever
+        self.stem = stem
 
     @classmethod
-    def for_collection(cls, store: Mindscape) -> ChunkIndex:
-        """Load the index of the collection's current chunks, or build it beside the window indexes."""
+    def for_collection(cls, store: Mindscape, *, stem: bool = False) -> ChunkIndex:
+        """Load the index of the collection's current chunks, or build it beside the window indexes;
+        one index per tokenizer (words whole or stemmed)."""
         version = store.version()
-        key = hashlib.sha256(f"{TOKENIZER_VERSION}|chunks\n{version!r}".encode()).hexdigest()[:20]
+        tokenizer = TOKENIZER_VERSION + (STEMMED if stem else "")
+        key = hashlib.sha256(f"{tokenizer}|chunks\n{version!r}".encode()).hexdigest()[:20]
         path = mia_home() / "bm25" / store.name / f"chunks-{key}"
         if not (path / "chunks.json").exists():
-            return cls(*_build_chunks(store, path, version))
-        return cls(*_load_chunks(str(path)))
+            return cls(*_build_chunks(store, path, version, stem), stem)
+        return cls(*_load_chunks(str(path)), stem)
 
     def search(self, query: str, k: int) -> list[str]:
         """Ids of the ``k`` best chunks for ``query`` that score above zero, best first."""
-        terms = tokenize(query)
+        terms = tokenize(query, stem=self.stem)
         if not terms or k <= 0 or not self.ids:
             return []
         scores = self.retriever.get_scores(terms)
@@ -217,14 +241,14 @@ class ChunkIndex:
         return [self.ids[i] for i in order if scores[i] > 0]
 
 
-def _build_chunks(store: Mindscape, path: Path, version: tuple[Any, ...]) -> tuple[list[str], bm25s.BM25]:
+def _build_chunks(store: Mindscape, path: Path, version: tuple[Any, ...], stem: bool) -> tuple[list[str], bm25s.BM25]:
     """Index the committed chunks; saved under ``path`` (named by ``version``) only if no writer
     changed the books while they were read, since the rows read could then mix two versions."""
     got = store.chunks.get(where=store.committed_filter(), include=["documents"])
     pairs = sorted(zip(got["ids"], got["documents"]))
     retriever = bm25s.BM25()
     if pairs:
-        retriever.index([tokenize(text) for _, text in pairs], show_progress=False)
+        retriever.index([tokenize(text, stem=stem) for _, text in pairs], show_progress=False)
     ids = [i for i, _ in pairs]
     if Mindscape(store.name, store.client).version() != version:
         return ids, retriever
@@ -233,7 +257,7 @@ def _build_chunks(store: Mindscape, path: Path, version: tuple[Any, ...]) -> tup
     tmp.mkdir(parents=True)
     if pairs:
         retriever.save(str(tmp), show_progress=False)
-    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": TOKENIZER_VERSION, "ids": ids}))
+    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": TOKENIZER_VERSION + (STEMMED if stem else ""), "ids": ids}))
     try:
         tmp.rename(path)
     except OSError:  # another process finished the same index first; theirs is identical

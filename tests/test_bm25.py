@@ -36,6 +36,12 @@ def test_english_tokens_are_lowercase_words_without_stopwords() -> None:
     assert tokenize("The King's GOLD-crown, and 3 crowns!") == ["king", "s", "gold", "crown", "3", "crowns"]
 
 
+def test_stemmed_tokens_meet_across_word_forms() -> None:
+    assert tokenize("The King's GOLD-crown, and 3 crowns!", stem=True) == ["king", "s", "gold", "crown", "3", "crown"]
+    assert tokenize("carted", stem=True) == tokenize("carts", stem=True) == tokenize("cart", stem=True) == ["cart"]
+    assert tokenize("小红帽 wounded", stem=True) == ["小", "红", "帽", "小红", "红帽", "wound"]  # CJK untouched
+
+
 def test_chinese_tokens_are_characters_and_bigrams() -> None:
     assert tokenize("小红帽") == ["小", "红", "帽", "小红", "红帽"]
     assert tokenize("Alice在北京。") == ["alice", "在", "北", "京", "在北", "北京"]

@@ -41,16 +41,16 @@ def test_weighted_fusion_by_hand() -> None:
     assert Fusion().fuse(["a", "b"], ["b"]) == reciprocal_rank_fusion(["a", "b"], ["b"])  # plain RRF
     assert [i for i, _ in Fusion(0.0, 60).fuse(["a", "b"], ["b", "z"])][:2] == ["a", "b"]  # weight 0: dense order
     assert Fusion.of(Context(retriever="dense")) is None
-    assert Fusion.of(Context(retriever="hybrid", bm25_weight=2.5, rrf_k=7)) == Fusion(2.5, 7)
+    assert Fusion.of(Context(retriever="hybrid", bm25_weight=2.5, rrf_k=7, bm25_stemming=False)) == Fusion(2.5, 7, False)
 
 
-def _brute_bm25(store: Any, text: str) -> list[str]:
+def _brute_bm25(store: Any, text: str, stem: bool = False) -> list[str]:
     """bm25s over every chunk, built here from scratch: the ranking ChunkIndex must reproduce."""
     got = store.chunks.get(include=["documents"])
     ids, docs = list(got["ids"]), list(got["documents"])
     index = bm25s.BM25()
-    index.index([tokenize(d) for d in docs], show_progress=False)
-    scores = index.get_scores(tokenize(text))
+    index.index([tokenize(d, stem=stem) for d in docs], show_progress=False)
+    scores = index.get_scores(tokenize(text, stem=stem))
     order = sorted(range(len(ids)), key=lambda i: (-scores[i], ids[i]))
     return [ids[i] for i in order if scores[i] > 0]
 
@@ -61,13 +61,25 @@ def _exact_dense(store: Any, ids: list[str], vector: np.ndarray) -> list[str]:
 
 
 @requires_data
-def test_chunk_index_ranks_like_bm25s(tiny_collection) -> None:
+@pytest.mark.parametrize("stem", [False, True])
+def test_chunk_index_ranks_like_bm25s(tiny_collection, stem: bool) -> None:
     store = tiny_collection.store
-    expected = _brute_bm25(store, QUESTION)
+    expected = _brute_bm25(store, QUESTION, stem)
     assert expected, "the question shares words with the stories"
-    got = ChunkIndex.for_collection(store).search(QUESTION, len(expected) + 5)
+    got = ChunkIndex.for_collection(store, stem=stem).search(QUESTION, len(expected) + 5)
     assert set(got) == set(expected) and got[:3] == expected[:3]
-    assert ChunkIndex.for_collection(store).search("the of and", 5) == []  # stopwords only: no hits
+    assert ChunkIndex.for_collection(store, stem=stem).search("the of and", 5) == []  # stopwords only: no hits
+
+
+@requires_data
+def test_stemmed_index_matches_other_forms_of_a_word(tiny_collection) -> None:
+    """The stories say "swallowed" and never "swallowing": only the stemmed index finds the one from the other."""
+    store = tiny_collection.store
+    text = " ".join(tiny_collection.texts.values()).lower()
+    assert "swallowed" in text and "swallowing" not in text
+    assert ChunkIndex.for_collection(store).search("swallowing", 5) == []
+    hits = ChunkIndex.for_collection(store, stem=True).search("swallowing", 5)
+    assert hits and all("swallow" in r["text"].lower() for r in store.chunk_records(hits))
 
 
 @requires_data
@@ -75,7 +87,7 @@ def test_hybrid_query_only_is_the_fusion_of_exact_rankings(tiny_collection, mini
     store = tiny_collection.store
     query_vec = minilm.embed_query(QUESTION)
     depth = 12
-    bm25 = lexical(store, QUESTION, depth)
+    bm25 = lexical(store, QUESTION, depth, Fusion())
     dense = [h.id for h in store.search_chunks(query_vec, depth)]
     expected = reciprocal_rank_fusion(_exact_dense(store, dense, query_vec), bm25)
     hits = query_only(store, query_vec, 8, text=QUESTION, fusion=Fusion(), depth=depth)
@@ -95,7 +107,7 @@ def test_hybrid_eq4_fuses_exact_scores_over_dense_and_lexical_candidates(tiny_co
     store = tiny_collection.store
     query_vec = minilm.embed_query(QUESTION)
     sig_vec = store.vectors("summaries", [store.summaries.get()["ids"][0]])[0]
-    bm25 = lexical(store, QUESTION, 10)  # BM25 to the same depth as the dense side, max(k, candidates)
+    bm25 = lexical(store, QUESTION, 10, Fusion())  # BM25 to the same depth as the dense side, max(k, candidates)
     hits = dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=6, text=QUESTION, fusion=Fusion())
     mixed = 0.5 * query_vec + 0.5 * sig_vec
     pool = list(dict.fromkeys([h.id for h in store.search_chunks(mixed, 10)] + bm25))  # max(k, candidates) dense

@@ -340,7 +340,8 @@ def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
     # The fusion's settings matter to hybrid retrieval only.
     assert prints({"rrf_k": "30"})["rag"] != base["rag"]
     dense = prints({"retriever": "dense"})
-    assert prints({"retriever": "dense", "rrf_k": "30", "bm25_weight": "1"})["rag"] == dense["rag"]
+    assert prints({"retriever": "dense", "rrf_k": "30", "bm25_weight": "1", "bm25_stemming": "false"})["rag"] == dense["rag"]
+    assert prints({"bm25_stemming": "false"})["rag"] != base["rag"]
 
 
 def test_every_setting_has_a_description_and_a_group_some_graph_reads() -> None:

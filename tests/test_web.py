@@ -253,9 +253,12 @@ def _collections_listed(driver: Any) -> list[str]:
         "return [...document.querySelectorAll('#collection-list li.collection')].map((li) => li.dataset.collection);")
 
 
-def _small_settings(driver: Any) -> None:
+def _ask_afresh(site: Site, driver: Any, graph: str) -> Any:
+    """Open the page on ``fairy`` with ``graph`` and small settings, ask QUESTION, return the answer."""
+    web_page.open_page(driver, site.server, key="key-fairy", collection="fairy", graph=graph)
     for name, value in SMALL.items():
         web_page.set_setting(driver, name, value)
+    return web_page.ask(driver, QUESTION)
 
 
 @needs_browser
@@ -290,9 +293,7 @@ def test_collections_are_listed_with_their_counts(site: Site, browser: Any) -> N
 @pytest.mark.slow
 @needs_browser
 def test_ask_with_rag_then_open_a_citation_in_its_book(site: Site, browser: Any, embedded_model_file: Path) -> None:
-    web_page.open_page(browser, site.server, key="key-fairy", collection="fairy", graph="rag")
-    _small_settings(browser)
-    message = web_page.ask(browser, QUESTION)
+    message = _ask_afresh(site, browser, "rag")
     assert "failed" not in message.get_attribute("class")
     assert message.find_element("css selector", ".body").text.strip()
     timing = browser.execute_script("return window.miaTimings[window.miaTimings.length - 1];")
@@ -314,9 +315,7 @@ def test_ask_with_rag_then_open_a_citation_in_its_book(site: Site, browser: Any,
 @pytest.mark.slow
 @needs_browser
 def test_mia_rag_draws_the_signature_and_follows_up_on_its_thread(site: Site, browser: Any, embedded_model_file: Path) -> None:
-    web_page.open_page(browser, site.server, key="key-fairy", collection="fairy", graph="mia_rag")
-    _small_settings(browser)
-    web_page.ask(browser, QUESTION)
+    _ask_afresh(site, browser, "mia_rag")
     rows = browser.find_elements("css selector", "#signature-panel .sig-row")
     assert len(rows) == SMALL["k_sum"]
     for row in rows:
@@ -339,9 +338,7 @@ def test_mia_rag_draws_the_signature_and_follows_up_on_its_thread(site: Site, br
 @pytest.mark.slow
 @needs_browser
 def test_agent_steps_and_infmem_memory_are_drawn(site: Site, browser: Any, embedded_model_file: Path) -> None:
-    web_page.open_page(browser, site.server, key="key-fairy", collection="fairy", graph="mia_agent")
-    _small_settings(browser)
-    web_page.ask(browser, QUESTION)
+    _ask_afresh(site, browser, "mia_agent")
     steps = browser.find_elements("css selector", "#steps-panel .step")
     assert len(steps) == SMALL["max_steps"]
     assert re.match(r"Step 1 · decision (continue|answer)", steps[0].find_element("css selector", ".step-head").text)

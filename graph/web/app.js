@@ -5,7 +5,7 @@
 
 const GENERATING_NODES = new Set(["generate", "answer"]);
 const PANEL_SETTINGS = ["top_k", "alpha", "k_sum", "retriever", "answer_inputs", "k0", "max_new_tokens",
-                        "max_steps", "step_k", "signature_init", "bm25_weight"];
+                        "max_steps", "step_k", "signature_init", "bm25_weight", "bm25_stemming"];
 const RANKING_ROWS = 20;
 const JOB_POLL_MS = 400;
 
