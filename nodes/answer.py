@@ -12,6 +12,8 @@ import prompts
 from nodes.context import AnswerFormat, Context
 from nodes.state import merge_usage
 from prompts import injection
+from stores.bm25 import tokenize
+from stores.summaries import sentence_spans
 
 FORMAT_RULES: dict[str, str] = {
     "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
@@ -97,29 +99,66 @@ def normalise_answer(text: str, fmt: AnswerFormat, n_options: int = 0) -> str:
     return re.sub(r"\s+", " ", _CITE.sub("", text)).strip(" .")
 
 
-def citations(answer_text: str, chunks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chunks the model cited as [n]; when it cites none, the passages it was given, marked as such.
+UNCITED_SOURCES = 3
+"""Passages shown as sources when the model cites none: those whose sentences best support the answer."""
+QUOTE_CHARS = 160
+"""Longest quote of a supporting sentence in the chat reply (the citation carries it whole)."""
 
-    Small models often omit markers; the retrieved passages are then the honest provenance.
+
+def supporting_sentence(chunk: dict[str, Any], answer: str, question: str) -> tuple[tuple[int, int], dict[str, Any]]:
+    """The chunk's sentence that best supports the answer, and its score.
+
+    Scored by the answer's terms it holds (stemmed words, stopwords dropped), then the question's:
+    a short answer ("Afghanistan") is found in the sentence that says it, and an answer that shares
+    no word with the passage (TRUE, a paraphrase) falls back to the sentence nearest the question.
+    Ties go to the earlier sentence. Offsets are the book's, so ``text == book[start:end]``.
     """
+    text = chunk["text"]
+    wanted, asked = set(tokenize(answer, stem=True)), set(tokenize(question, stem=True))
+
+    def score(span: tuple[int, int]) -> tuple[int, int]:
+        terms = set(tokenize(text[span[0]:span[1]], stem=True))
+        return len(wanted & terms), len(asked & terms)
+
+    spans = sentence_spans(text) or [(0, len(text))]
+    best = max(spans, key=score)
+    return score(best), {"start": chunk["start"] + best[0], "end": chunk["start"] + best[1], "text": text[best[0]:best[1]]}
+
+
+def citations(answer_text: str, chunks: Sequence[dict[str, Any]], question: str = "", answer: str | None = None) -> list[dict[str, Any]]:
+    """Chunks the model cited as [n], each with the sentence in it that supports the answer.
+
+    Small models often omit markers; the passages given whose sentences best support the answer
+    (``supporting_sentence``; retrieval order breaks ties) are then the honest provenance, marked as
+    not cited by the model. ``answer`` is what the answer says (a phrase, an option's text, or ""
+    when only the question can guide, as for TRUE / FALSE); by default the reply without its markers.
+    """
+    answer = _CITE.sub("", answer_text) if answer is None else answer
+    support = [supporting_sentence(c, answer, question) for c in chunks]
     cited = []
     for number in dict.fromkeys(int(n) for n in _CITE.findall(answer_text)):
         if 1 <= number <= len(chunks):
             cited.append(number - 1)
     by_model = bool(cited)
-    indices = cited or list(range(min(3, len(chunks))))
+    indices = cited or sorted(range(len(chunks)), key=lambda i: (-support[i][0][0], -support[i][0][1], i))[:UNCITED_SOURCES]
     return [
         {"n": i + 1, "id": chunks[i]["id"], "book": chunks[i]["book"], "chunk": chunks[i]["index"],
-         "start": chunks[i]["start"], "end": chunks[i]["end"], "cited_by_model": by_model}
+         "start": chunks[i]["start"], "end": chunks[i]["end"], "cited_by_model": by_model, "sentences": [support[i][1]]}
         for i in indices
     ]
 
 
 def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
-    """The chat reply: the answer with its sources, readable in any chat frontend."""
+    """The chat reply: the answer with its sources and the sentence each supports it with,
+    readable in any chat frontend."""
     if not cites:
         return answer
-    sources = "; ".join(f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']})" for c in cites)
+
+    def quote(c: dict[str, Any]) -> str:
+        said = " ".join(c["sentences"][0]["text"].split()) if c.get("sentences") else ""
+        return f" “{said[:QUOTE_CHARS - 1] + '…' if len(said) > QUOTE_CHARS else said}”" if said else ""
+
+    sources = "; ".join(f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']}){quote(c)}" for c in cites)
     return f"{answer}\n\nSources: {sources}"
 
 
@@ -149,7 +188,11 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
             report["rejected"].append(answer)
             raw = AIMessage(content=NO_RELIABLE_ANSWER, id=raw.id)
             answer = NO_RELIABLE_ANSWER
-    cites = citations(raw.text, chunks)
+    # Support is sought for what the answer says: the phrase, the chosen option's text, or (TRUE /
+    # FALSE) the claim itself, which is the question.
+    said = (answer if fmt == "open" and answer != NO_RELIABLE_ANSWER
+            else options[LETTERS.index(answer)] if fmt == "choice" and answer in LETTERS[:len(options)] else "")
+    cites = citations(raw.text, chunks, question, said)
     return {
         "answer": answer,
         "citations": cites,

@@ -32,14 +32,22 @@ EXCERPT_SCOPE = "(The passage is excerpts of this part, in order; … marks text
 _SENTENCE_END = re.compile(r"(?:[.!?][\"'”’)\]]*(?=\s|$)|[。！？][\"'”’」』）)\]]*)")
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sentence of ``text``, without surrounding whitespace: quoting
+    ``text[start:end]`` quotes the source exactly (extractive summaries, grounded citations)."""
+    spans, start = [], 0
+    for end in [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]:
+        piece = text[start:end]
+        lead = len(piece) - len(piece.lstrip())
+        if piece.strip():
+            spans.append((start + lead, start + len(piece.rstrip())))
+        start = end
+    return spans
+
+
 def sentences(text: str) -> list[str]:
     """The sentences of ``text``, verbatim (so an extractive summary quotes its window exactly)."""
-    found, start = [], 0
-    for match in _SENTENCE_END.finditer(text):
-        found.append(text[start : match.end()].strip())
-        start = match.end()
-    found.append(text[start:].strip())
-    return [s for s in found if s]
+    return [text[a:b] for a, b in sentence_spans(text)]
 
 
 class SummaryCache:

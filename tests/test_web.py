@@ -307,6 +307,9 @@ def test_ask_with_rag_then_open_a_citation_in_its_book(site: Site, browser: Any,
     book, start, end = mark.get_attribute("data-book"), int(mark.get_attribute("data-start")), int(mark.get_attribute("data-end"))
     source = (site.data / "stories" / f"{book}.txt").read_text(encoding="utf-8")
     assert " ".join(mark.text.split()) == " ".join(source[start:end].split()) and mark.text.strip()
+    support = mark.find_element("css selector", ".support")  # the sentence that supports the answer
+    s_start, s_end = int(support.get_attribute("data-start")), int(support.get_attribute("data-end"))
+    assert start <= s_start < s_end <= end and " ".join(support.text.split()) == " ".join(source[s_start:s_end].split())
     assert citation.get_attribute("data-chunk") == f"{book}:c{int(citation.text.rsplit('chunk ', 1)[1]):06d}"
     assert re.search(r"\d+(\.\d)?% into the book", browser.find_element("id", "passage-where").text)
     browser.find_element("id", "passage-close").click()

@@ -414,8 +414,8 @@ function finishMessage(message, run) {
   if (citations.length) {
     message.append(el("div", {class: "sources"}, "Sources: ",
       citations.map((c) => el("button", {type: "button", class: "citation", "data-chunk": c.id,
-        title: c.cited_by_model ? "cited by the model" : "passage given to the model (it cited none)",
-        onclick: () => openPassage(run.collection, c.id)}, `[${c.n}] ${c.book}, chunk ${c.chunk}`))));
+        title: `${c.cited_by_model ? "cited by the model" : "given to the model, which cited none"}: “${((c.sentences || [])[0] || {}).text || ""}”`,
+        onclick: () => openPassage(run.collection, c.id, c.sentences || [])}, `[${c.n}] ${c.book}, chunk ${c.chunk}`))));
   }
   const usage = values.usage || {};
   message.append(el("div", {class: "meta muted"},
@@ -424,13 +424,23 @@ function finishMessage(message, run) {
 }
 
 // ---- citations in their book --------------------------------------------------------------------
-async function openPassage(collection, chunkId) {
+async function openPassage(collection, chunkId, sentences = []) {
   try {
     const p = await api(`/mia/api/collections/${enc(collection)}/passage?chunk=${enc(chunkId)}`);
     $("passage-title").textContent = `${p.book} — chunk ${p.index} of ${p.chunks}`;
     $("passage-marker").style.left = `${(p.position * 100).toFixed(2)}%`;
     $("passage-where").textContent = `characters ${fmt(p.start)}–${fmt(p.end)}, ${(p.position * 100).toFixed(1)}% into the book`;
-    const mark = el("mark", {id: "passage-mark", "data-book": p.book, "data-start": String(p.start), "data-end": String(p.end)}, p.text);
+    // The sentence that supports the answer stands out inside the cited chunk (book offsets).
+    const parts = [];
+    let at = 0;
+    for (const s of sentences.filter((s) => s.start >= p.start && s.end <= p.end).sort((a, b) => a.start - b.start)) {
+      const from = s.start - p.start, to = s.end - p.start;
+      if (from < at) continue;
+      parts.push(p.text.slice(at, from), el("strong", {class: "support", "data-start": String(s.start), "data-end": String(s.end)}, p.text.slice(from, to)));
+      at = to;
+    }
+    parts.push(p.text.slice(at));
+    const mark = el("mark", {id: "passage-mark", "data-book": p.book, "data-start": String(p.start), "data-end": String(p.end)}, parts);
     $("passage-text").replaceChildren(el("span", {class: "context"}, p.before), mark, el("span", {class: "context"}, p.after));
     $("passage").showModal();
     mark.scrollIntoView({block: "center"});
