@@ -499,6 +499,7 @@ def build_multihop_synth(
 # --------------------------------------------------------------------------- custom collections
 
 _CUSTOM_KEYS = {"id", "question", "answers", "options", "label", "gold", "meta"}
+CLAIM_LABELS = ("TRUE", "FALSE")
 
 
 def _digest(paths: Iterable[Path]) -> str:
@@ -531,9 +532,16 @@ def _validate_custom(
     seen_ids.add(qid)
     out: dict[str, Any] = {"id": qid, "question": question.strip()}
     answers, options, label = record.get("answers"), record.get("options"), record.get("label")
-    if answers is None and options is None:
-        raise DatasetError(f"{where}: give 'answers' (list of strings) or 'options' with 'label'")
-    if answers is not None:
+    if answers is None and options is None and isinstance(label, str) and label.strip().upper() in CLAIM_LABELS:
+        # A claim to verify (NoCha): the question is the claim, the label its truth; meta.pair names its pair.
+        out.update(answers=[], claim=True, label=label.strip().upper())
+        options = label = None
+    elif answers is None and options is None:
+        raise DatasetError(f"{where}: give 'answers' (list of strings), 'options' with 'label', or a claim's 'label' "
+                           f"({' or '.join(CLAIM_LABELS)})")
+    if out.get("claim"):
+        pass
+    elif answers is not None:
         if not _is_str_list(answers) or not any(a.strip() for a in answers):
             raise DatasetError(f"{where}: 'answers' must be a list of strings with at least one non-empty")
         out["answers"] = [a for a in answers if a.strip()]
@@ -568,8 +576,21 @@ def _validate_custom(
     meta = record.get("meta", {})
     if not isinstance(meta, dict):
         raise DatasetError(f"{where}: 'meta' must be an object")
+    if "pair" in meta and not (out.get("claim") and isinstance(meta["pair"], str) and meta["pair"].strip()):
+        raise DatasetError(f"{where}: meta.pair must be a non-empty string, on a claim (a record with label TRUE or FALSE)")
     out["meta"] = meta
     return out
+
+
+def _check_pairs(questions: Sequence[dict[str, Any]], source: Path) -> None:
+    """NoCha pairs: each pair id names exactly two claims, one TRUE and one FALSE."""
+    pairs: dict[str, list[str]] = {}
+    for q in questions:
+        if "pair" in q["meta"]:
+            pairs.setdefault(q["meta"]["pair"], []).append(q["label"])
+    for pair, labels in pairs.items():
+        if sorted(labels) != ["FALSE", "TRUE"]:
+            raise DatasetError(f"{source}: pair {pair!r} must hold one TRUE and one FALSE claim, has {labels}")
 
 
 def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: str = "test") -> Dataset:
@@ -609,6 +630,7 @@ def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: s
             questions.append(_validate_custom(record, where, texts, seen_ids, line_no))
     if not questions:
         raise DatasetError(f"{questions_jsonl}: no questions")
+    _check_pairs(questions, questions_jsonl)
     params = {
         "texts_dir": str(texts_dir),
         "questions": str(questions_jsonl),

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from evals.metrics import bootstrap_ci, paired_bootstrap_ci
+from evals.metrics import bootstrap_ci, pair_accuracy, paired_bootstrap_ci
 
-SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20", "f1", "em", "sub_em", "accuracy")
+SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20", "f1", "em", "sub_em", "accuracy", "claim_accuracy")
 COST_METRICS = ("llm_calls", "prompt_tokens", "generated_tokens", "seconds")
-PRIMARY_SCORES = ("f1", "accuracy", "recall@10", "recall@5", "recall@1")
+PRIMARY_SCORES = ("f1", "accuracy", "claim_accuracy", "recall@10", "recall@5", "recall@1")
 """The score plotted against source length: the answer metric when there is one, else recall."""
 DECIMALS = {"llm_calls": 2, "seconds": 3}
 """Scores and token counts read well to 0.1; calls and seconds per question are often below 1."""
@@ -55,8 +55,19 @@ def metric_values(records: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     return values
 
 
+def pair_values(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """NoCha pair accuracy per pair of claims (``pair`` in the records), 100 when both of its claims
+    were judged right, else 0; pairs with a claim not answered are left out."""
+    claims: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        if record.get("pair"):
+            claims[record["pair"]].append(record)
+    return {pair: 100.0 * pair_accuracy([(a["answer"].strip().upper(), a["label"], b["answer"].strip().upper(), b["label"])])
+            for pair, (a, b) in ((p, c) for p, c in claims.items() if len(c) == 2)}
+
+
 def summarise(run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str]) -> dict[str, Any]:
-    """The ``--json`` object: per-system averages over questions."""
+    """The ``--json`` object: per-system averages over questions (and over pairs of claims)."""
     grouped = _by_system(records)
     summary: dict[str, Any] = {
         "dataset": run["dataset"],
@@ -67,6 +78,10 @@ def summarise(run: dict[str, Any], records: Sequence[dict[str, Any]], systems: S
             for name in systems
         },
     }
+    for name in systems:
+        if pairs := pair_values(grouped[name]):
+            summary["systems"][name]["pair_accuracy"] = round(float(np.mean(list(pairs.values()))), 3)
+            summary["systems"][name]["pairs"] = len(pairs)
     lengths = [p["length"] for p in run["parts"] if p["length"] is not None]
     if lengths:
         summary["lengths"] = lengths
@@ -134,6 +149,7 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for baseline in baselines or _default_baselines(systems):
         lines += _paired_table(grouped, values, columns, systems, baseline, seed)
+    lines += _pair_table(grouped, systems, baselines or _default_baselines(systems), seed)
     if len(run["parts"]) > 1:
         lines += ["", "## By source length (mean over questions)", ""]
         lines += ["| system | length | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
@@ -144,6 +160,28 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
                 cells = [f"{np.mean(sub_values[m]):.{DECIMALS.get(m, 1)}f}" if m in sub_values else "–" for m in columns]
                 lines.append(f"| {name} | {part['length']} | " + " | ".join(cells) + " |")
         lines += _growth(run, grouped, systems)
+    return lines
+
+
+def _pair_table(grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], baselines: Sequence[str], seed: int) -> list[str]:
+    """Pair accuracy with its interval (bootstrap over pairs), and against each baseline on the same pairs."""
+    pairs = {name: pair_values(grouped[name]) for name in systems}
+    if not any(pairs.values()):
+        return []
+    heads = [f"Δ vs `{b}` (paired)" for b in baselines]
+    lines = ["", "## NoCha pair accuracy (a pair counts only when both its claims are judged right; 95% bootstrap over pairs)", "",
+             "| system | pairs | pair accuracy | " + " | ".join(heads) + (" |" if heads else ""),
+             "|---|---|---|" + "---|" * len(heads)]
+    for name in systems:
+        mine = pairs[name]
+        if not mine:
+            continue
+        cells = [str(len(mine)), _fmt("pair_accuracy", bootstrap_ci(list(mine.values()), seed=seed))]
+        for baseline in baselines:
+            shared = [p for p in mine if p in pairs[baseline]]
+            cells.append("–" if name == baseline or not shared else _fmt("pair_accuracy", paired_bootstrap_ci(
+                [mine[p] for p in shared], [pairs[baseline][p] for p in shared], seed=seed)))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 

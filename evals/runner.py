@@ -401,7 +401,9 @@ def score_question(
                 scores[f"recall@{k}"] = 100.0 * metrics.recall_at_k(spans, gold, k)
     if retrieval_only:
         return scores
-    if question.get("options"):
+    if question.get("claim"):
+        scores["claim_accuracy"] = 100.0 * float(answer.strip().upper() == question["label"])
+    elif question.get("options"):
         scores["accuracy"] = 100.0 * metrics.choice_accuracy(answer, question["label"])
     elif question.get("answers"):
         scores["f1"] = 100.0 * metrics.f1(answer, question["answers"])
@@ -436,6 +438,8 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     if question.get("options"):
         payload["options"] = list(question["options"])
         overrides.setdefault("answer_format", "choice")
+    elif question.get("claim"):
+        overrides.setdefault("answer_format", "verify")
     graph = registry.load_graph(job.variant.graph)
     # Every variant of a question asks the same query; without this, the first one would pay for
     # the embedding that the rest then read from the embedder's memo, and wall times would lie.
@@ -462,6 +466,7 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
         "source_tokens": _source_tokens(job.part, question),
         "collection": job.collection,
         "answer": answer,
+        **({"label": question["label"], "pair": question["meta"]["pair"]} if "pair" in (question.get("meta") or {}) else {}),
         "scores": score_question(question, answer, spans, opened.size, bool(job.variant.context.retrieval_only)),
         "retrieved": ids,
         "llm_calls": int(usage.get("llm_calls", 0)),
