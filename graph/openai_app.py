@@ -36,12 +36,11 @@ from starlette.routing import Route
 
 from graph.auth import KEYS, AuthFailure, Caller, check_collection, check_settings, identify
 from graph.registry import QUESTION_GRAPHS, load_graph
+from nodes.answer import SOURCES_MARKER
 from nodes.context import Context, context_from
 from stores.mindscape import chroma_client, list_mindscapes
 
 logger = logging.getLogger(__name__)
-# nodes.answer.reply_text joins the answer and its sources with this marker.
-SOURCES_MARKER = "\n\nSources:"
 
 
 class RequestError(Exception):

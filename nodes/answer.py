@@ -99,6 +99,8 @@ def normalise_answer(text: str, fmt: AnswerFormat, n_options: int = 0) -> str:
     return re.sub(r"\s+", " ", _CITE.sub("", text)).strip(" .")
 
 
+SOURCES_MARKER = "\n\nSources:"
+"""Joins the answer and its sources in the chat reply (``reply_text``)."""
 UNCITED_SOURCES = 3
 """Passages shown as sources when the model cites none: those whose sentences best support the answer."""
 QUOTE_CHARS = 160
@@ -159,7 +161,13 @@ def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
         return f" “{said[:QUOTE_CHARS - 1] + '…' if len(said) > QUOTE_CHARS else said}”" if said else ""
 
     sources = "; ".join(f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']}){quote(c)}" for c in cites)
-    return f"{answer}\n\nSources: {sources}"
+    return f"{answer}{SOURCES_MARKER} {sources}"
+
+
+def without_sources(reply: str) -> str:
+    """A chat reply without its sources: their quotes are document text, which must not reach a
+    prompt unguarded as if it were the conversation."""
+    return reply.split(SOURCES_MARKER, 1)[0]
 
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
@@ -191,7 +199,7 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
     # Support is sought for what the answer says: the phrase, the chosen option's text, or (TRUE /
     # FALSE) the claim itself, which is the question.
     said = (answer if fmt == "open" and answer != NO_RELIABLE_ANSWER
-            else options[LETTERS.index(answer)] if fmt == "choice" and answer in LETTERS[:len(options)] else "")
+            else options[LETTERS.index(answer)] if fmt == "choice" and len(answer) == 1 and answer in LETTERS[:len(options)] else "")
     cites = citations(raw.text, chunks, question, said)
     return {
         "answer": answer,

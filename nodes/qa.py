@@ -13,7 +13,7 @@ from langgraph.runtime import Runtime
 import prompts
 from nodes import resources
 from nodes.answer import generate as answer_with
-from nodes.answer import options_for, usage_of
+from nodes.answer import options_for, usage_of, without_sources
 from nodes.context import Context
 from nodes.retrieval import Fusion, as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
 from nodes.signature import coverage_aware, first_k, summary_pool
@@ -66,7 +66,7 @@ def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
 
 
 def standalone_question(history: list[Any], question: str, ctx: Context) -> tuple[str, dict[str, Any]]:
-    turns = "\n".join(f"{'User' if m.type == 'human' else 'Assistant'}: {m.text}" for m in history[-6:])
+    turns = "\n".join(f"{'User' if m.type == 'human' else 'Assistant'}: {without_sources(m.text)}" for m in history[-6:])
     llm = resources.chat_model(ctx, max_tokens=96).with_config(tags=["nostream"])
     # The conversation is the user's own words (and answers): nothing in it is cut as an instruction.
     reply = llm.invoke(prompts.messages("condense", conversation=prompts.fence(turns, tag="conversation", guard=False), question=question))

@@ -72,3 +72,18 @@ def test_every_graph_grounds_its_answer_inside_a_retrieved_chunk(tiny_collection
     best = state["citations"][0]["sentences"][0]["text"].lower()
     assert "goose" in best or "golden" in best, best
     assert "“" in state["messages"][-1].text
+
+
+def test_quoted_sources_stay_out_of_the_follow_up_prompt(script) -> None:
+    """A reply quotes document text; condensing a follow-up must not carry it into a prompt unguarded."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from nodes.context import Context
+    from nodes.qa import standalone_question
+
+    scripted = script("What did the farmer cart to market?")
+    quoted = reply_text("Pears", citations("Pears [1].", CHUNKS, "What had the farmer carted?", "Pears"))
+    history = [HumanMessage("What had the farmer carted?"), AIMessage(quoted)]
+    question, _ = standalone_question(history, "And where to?", Context())
+    assert question == "What did the farmer cart to market?"
+    assert "Assistant: Pears" in scripted.prompts[0] and "He had carted pears" not in scripted.prompts[0]
