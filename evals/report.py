@@ -60,7 +60,7 @@ def pair_values(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     were judged right, else 0; pairs with a claim not answered are left out."""
     claims: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        if record.get("pair"):
+        if record.get("pair") and "claim_accuracy" in record["scores"]:  # retrieval-only runs judged nothing
             claims[record["pair"]].append(record)
     return {pair: 100.0 * pair_accuracy([(a["answer"].strip().upper(), a["label"], b["answer"].strip().upper(), b["label"])])
             for pair, (a, b) in ((p, c) for p, c in claims.items() if len(c) == 2)}

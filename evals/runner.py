@@ -466,7 +466,7 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
         "source_tokens": _source_tokens(job.part, question),
         "collection": job.collection,
         "answer": answer,
-        **({"label": question["label"], "pair": question["meta"]["pair"]} if "pair" in (question.get("meta") or {}) else {}),
+        **({"label": question["label"], "pair": question["meta"]["pair"]} if question.get("claim") and "pair" in question["meta"] else {}),
         "scores": score_question(question, answer, spans, opened.size, bool(job.variant.context.retrieval_only)),
         "retrieved": ids,
         "llm_calls": int(usage.get("llm_calls", 0)),

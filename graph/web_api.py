@@ -26,6 +26,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Awaitable, Callable, get_args
+from urllib.parse import urlparse
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
@@ -66,6 +67,7 @@ def authenticated(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     ``{"detail": ...}`` (the LangGraph API's error shape, so the page reads both alike)."""
     async def endpoint(request: Request) -> Response:
         try:
+            _same_origin(request)
             caller = identify(KEYS, request.headers.get("authorization"), request.headers.get("x-api-key"))
             return await handler(request, caller)
         except AuthFailure as failure:
@@ -79,6 +81,16 @@ def authenticated(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         except MindscapeError as error:
             return JSONResponse({"detail": str(error)}, status_code=404 if "unknown collection" in str(error) else 400)
     return endpoint
+
+
+def _same_origin(request: Request) -> None:
+    """Refuse a request sent by another site's page (403). The server allows every origin (CORS) for
+    its API, and without keys a page elsewhere could otherwise read, fill or delete collections on
+    the loopback server through the user's browser. Browsers send ``Origin`` on cross-site requests
+    and on the page's own writes; tools that send none (curl, the SDK) are not browsers."""
+    origin = request.headers.get("origin")
+    if origin and urlparse(origin).netloc != request.headers.get("host"):
+        raise WebError(403, f"cross-site request from {origin} refused: use the page served by this server")
 
 
 def _allowed_collection(request: Request, caller: Caller) -> str:
@@ -178,11 +190,9 @@ def _run_job(job: Job, files: list[Path], options: Any) -> None:
         llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
         report = ingest(files, job.collection, load_embedder(), options=options, llm=llm, progress=False,
                         on_progress=job.progress)
-        job.report, job.state = asdict(report), "done"
+        job.report, job.finished, job.state = asdict(report), time.time(), "done"  # state last: pollers read it first
     except Exception as exc:  # noqa: BLE001 - any failure is the job's result, shown on the page
-        job.error, job.state = str(exc) or type(exc).__name__, "failed"
-    finally:
-        job.finished = time.time()
+        job.error, job.finished, job.state = str(exc) or type(exc).__name__, time.time(), "failed"
 
 
 async def ingest_path(request: Request, caller: Caller) -> Response:
@@ -227,8 +237,9 @@ async def ingest_upload(request: Request, caller: Caller) -> Response:
 
 
 def _write_atomically(target: Path, text: str) -> None:
+    """Whole or not at all, and two uploads of one name never write into the same partial file."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
+    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
     partial.write_text(text, encoding="utf-8")
     partial.replace(target)
 
@@ -266,8 +277,10 @@ async def lookup(request: Request, caller: Caller) -> Response:
                                "text": s["text"]}
                      for s in store.summary_records(summary_ids)}
         records = store.book_records()
+        # Books ingested before front matter was recognised have no body span: all of the text is body.
         books = {b: {"order": r["order"], "chunks": r["chunks"], "summaries": r["summaries"], "tokens": r["tokens"],
-                     "body_start": int(r.get("body_start", 0)), "body_end": int(r.get("body_end", 0))}
+                     "body_start": int(r.get("body_start", 0)),
+                     "body_end": int(r["body_end"]) if "body_end" in r else len(store.book_text(b))}
                  for b, r in records.items()}
         return {"chunks": chunks, "summaries": summaries, "books": books}
 
@@ -290,8 +303,10 @@ async def passage(request: Request, caller: Caller) -> Response:
         if not found:
             raise WebError(404, f"collection {name!r} has no committed chunk {chunk_id!r}")
         chunk = found[0]
+        record = store.book_records().get(chunk["book"])
+        if record is None:
+            raise WebError(409, f"book {chunk['book']!r} is being rewritten: try again when its ingestion ends")
         text = store.book_text(chunk["book"])
-        record = store.book_records()[chunk["book"]]
         body_start, body_end = int(record.get("body_start", 0)), int(record.get("body_end", len(text)))
         start, end = int(chunk["start"]), int(chunk["end"])
         lo, hi = max(body_start, start - around), min(body_end, end + around)
@@ -325,6 +340,8 @@ async def settings(request: Request, caller: Caller) -> Response:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise WebError(415, "send the request body as JSON (Content-Type: application/json)")
     try:
         body = await request.json()
     except ValueError:

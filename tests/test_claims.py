@@ -74,6 +74,8 @@ def test_pair_accuracy_from_a_results_file_matches_a_hand_count(tmp_path: Path) 
     assert summary["systems"]["rag"]["pair_accuracy"] == pytest.approx(200 / 3, abs=1e-3)
     assert summary["systems"]["rag"]["claim_accuracy"] == pytest.approx(500 / 6, abs=1e-3)
     assert summary["systems"]["always"]["pair_accuracy"] == 0.0 and summary["systems"]["always"]["claim_accuracy"] == 50.0
+    # A retrieval-only run judged no claim: its records count towards no pair.
+    assert report.pair_values([{**r, "answer": "", "scores": {}} for r in grouped["rag"]]) == {}
     table = "\n".join(report._pair_table(grouped, ["rag", "always"], ["rag"], seed=0))
     assert "| rag | 3 | 66.7 [" in table and "| always | 3 | 0.0 [0.0, 0.0] | -66.7 [" in table
 

@@ -100,6 +100,20 @@ def test_keys_decide_what_the_page_may_read(keys: None, tiny_collection: TinyCol
             assert "may not use collection 'tiny'" in response.json()["detail"]
 
 
+def test_other_sites_pages_cannot_use_the_endpoints(tiny_collection: TinyCollection) -> None:
+    """Without keys the server is open on loopback: a page on another site must not read, fill or delete."""
+    with _client() as client:
+        for method, path in (("GET", "/mia/api/collections"), ("DELETE", "/mia/api/collections/tiny"),
+                             ("POST", "/mia/api/collections/tiny/lookup")):
+            response = client.request(method, path, headers={"Origin": "http://evil.example"}, json={})
+            assert response.status_code == 403 and "cross-site request" in response.json()["detail"]
+        same = client.get("/mia/api/collections", headers={"Origin": "http://testserver"})
+        assert same.status_code == 200 and "tiny" in [c["collection"] for c in same.json()["collections"]]
+        # A form-encoded or plain-text body (which a browser sends cross-site without asking) is not JSON.
+        plain = client.post("/mia/api/collections/tiny/lookup", content=b'{"chunks": []}', headers={"Content-Type": "text/plain"})
+        assert plain.status_code == 415
+
+
 def test_passage_is_the_chunk_in_its_book(tiny_collection: TinyCollection) -> None:
     book, text = next(iter(tiny_collection.texts.items()))
     record = tiny_collection.store.chunk_records([f"{book}:c000003"])[0]
