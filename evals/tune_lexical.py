@@ -30,8 +30,8 @@ import bm25s
 import numpy as np
 
 from evals import metrics
-from evals.runner import RECALL_KS, _book_ids, collection_name, prepare_parts, run_eval
-from evals.tune_signature import Corpus, Question, load_corpus, prepare_questions, recalls
+from evals.runner import RECALL_KS, _book_ids, collection_name, run_eval
+from evals.tune_signature import Corpus, Question, load_corpus, prepare_questions, recalls, series_parts
 from nodes.context import Context
 from stores.bm25 import tokenize
 from stores.ingest import IngestOptions
@@ -100,10 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     started = time.time()
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    cache = out / ".cache"
-    cache.mkdir(exist_ok=True)
-    parts = {split: prepare_parts("fairytale-series", split, [], 0, out)[0] for split in ("train", "val", "test")}
+    cache, parts = series_parts(out)
     # Ingest (or reuse) the collection, and the harness's own val figures for the shipped default.
     harness = run_eval("fairytale-series", "val", ["rag"], retrieval_only=True, out=out / "harness-val", progress=False,
                        summarizer="extractive")

@@ -37,7 +37,7 @@ import bm25s
 import numpy as np
 
 from evals import metrics
-from evals.runner import RECALL_KS, _book_ids, collection_name, prepare_parts, run_eval
+from evals.runner import RECALL_KS, Part, _book_ids, collection_name, prepare_parts, run_eval
 from nodes.retrieval import prior_scores, prior_weights, vote_relevance
 from nodes.signature import coverage_aware, first_k, summary_pool
 from stores.bm25 import tokenize
@@ -76,6 +76,20 @@ class Question:
     gold_hits: list[np.ndarray]
     """For each gold span, the chunk indices that overlap it."""
     n_gold: int
+
+
+def series_parts(out: Path) -> tuple[Path, dict[str, Part]]:
+    """``out`` and its ``.cache`` folder created, and the fairytale-series train/val/test parts
+    built there; refused unless the three splits share their books, so one collection serves all."""
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / ".cache"
+    cache.mkdir(exist_ok=True)
+    parts = {split: prepare_parts("fairytale-series", split, [], 0, out)[0] for split in ("train", "val", "test")}
+    digests = {s: [hashlib.sha256(Path(part.dataset.dir, src["file"]).read_bytes()).hexdigest() for src in part.dataset.manifest["sources"]]
+               for s, part in parts.items()}
+    if len({json.dumps(d) for d in digests.values()}) != 1:
+        raise SystemExit("the splits' source books differ: one collection cannot serve them all")
+    return cache, parts
 
 
 def load_corpus(name: str, book_map: dict[str, str]) -> Corpus:
@@ -285,15 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     started = time.time()
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    cache = out / ".cache"
-    cache.mkdir(exist_ok=True)
-
-    parts = {split: prepare_parts("fairytale-series", split, [], 0, out)[0] for split in ("train", "val", "test")}
-    digests = {s: [hashlib.sha256(Path(part.dataset.dir, src["file"]).read_bytes()).hexdigest() for src in part.dataset.manifest["sources"]]
-               for s, part in parts.items()}
-    if len({json.dumps(d) for d in digests.values()}) != 1:
-        raise SystemExit("the splits' source books differ: one collection cannot serve them all")
+    cache, parts = series_parts(out)
     options = IngestOptions(window=args.window, summarizer="extractive")
     test_part = parts["test"]
     # Ingest (or reuse) the collection and get the query-only baseline through the harness itself.

@@ -276,7 +276,7 @@ async def lookup(request: Request, caller: Caller) -> Response:
                                "last_chunk": s.get("last_chunk"), "start": s.get("start"), "end": s.get("end"),
                                "text": s["text"]}
                      for s in store.summary_records(summary_ids)}
-        records = store.book_records()
+        records = store.committed_books()  # the snapshot the record reads above already took
         # Books ingested before front matter was recognised have no body span: all of the text is body.
         books = {b: {"order": r["order"], "chunks": r["chunks"], "summaries": r["summaries"], "tokens": r["tokens"],
                      "body_start": int(r.get("body_start", 0)),
@@ -303,7 +303,7 @@ async def passage(request: Request, caller: Caller) -> Response:
         if not found:
             raise WebError(404, f"collection {name!r} has no committed chunk {chunk_id!r}")
         chunk = found[0]
-        record = store.book_records().get(chunk["book"])
+        record = store.committed_books().get(chunk["book"])  # chunk_records' snapshot: no second read
         if record is None:
             raise WebError(409, f"book {chunk['book']!r} is being rewritten: try again when its ingestion ends")
         text = store.book_text(chunk["book"])

@@ -122,9 +122,8 @@ def supporting_sentence(chunk: dict[str, Any], answer: str, question: str) -> tu
         terms = set(tokenize(text[span[0]:span[1]], stem=True))
         return len(wanted & terms), len(asked & terms)
 
-    spans = sentence_spans(text) or [(0, len(text))]
-    best = max(spans, key=score)
-    return score(best), {"start": chunk["start"] + best[0], "end": chunk["start"] + best[1], "text": text[best[0]:best[1]]}
+    best_score, best = max(((score(span), span) for span in sentence_spans(text) or [(0, len(text))]), key=lambda p: p[0])
+    return best_score, {"start": chunk["start"] + best[0], "end": chunk["start"] + best[1], "text": text[best[0]:best[1]]}
 
 
 def citations(answer_text: str, chunks: Sequence[dict[str, Any]], question: str = "", answer: str | None = None) -> list[dict[str, Any]]:

@@ -30,12 +30,11 @@ import json
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 from pathlib import Path
-
-import threading
 
 import bm25s
 import numpy as np
@@ -49,6 +48,11 @@ from stores.tokens import token_spans
 TOKENIZER_VERSION = "words+cjk12-v1"
 STEMMED = "+snowball-en"
 """Appended to the tokenizer's name (and so to the chunk index's key) when words are stemmed."""
+
+
+def _tokenizer_name(stem: bool) -> str:
+    """The name a chunk index is keyed and labelled by, so indexes of the two rules never mix."""
+    return TOKENIZER_VERSION + (STEMMED if stem else "")
 # CJK ideographs (unified, extension A, compatibility), kana and hangul syllables.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
@@ -224,8 +228,7 @@ class ChunkIndex:
         """Load the index of the collection's current chunks, or build it beside the window indexes;
         one index per tokenizer (words whole or stemmed)."""
         version = store.version()
-        tokenizer = TOKENIZER_VERSION + (STEMMED if stem else "")
-        key = hashlib.sha256(f"{tokenizer}|chunks\n{version!r}".encode()).hexdigest()[:20]
+        key = hashlib.sha256(f"{_tokenizer_name(stem)}|chunks\n{version!r}".encode()).hexdigest()[:20]
         path = mia_home() / "bm25" / store.name / f"chunks-{key}"
         if not (path / "chunks.json").exists():
             return cls(*_build_chunks(store, path, version, stem), stem)
@@ -257,7 +260,7 @@ def _build_chunks(store: Mindscape, path: Path, version: tuple[Any, ...], stem: 
     tmp.mkdir(parents=True)
     if pairs:
         retriever.save(str(tmp), show_progress=False)
-    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": TOKENIZER_VERSION + (STEMMED if stem else ""), "ids": ids}))
+    (tmp / "chunks.json").write_text(json.dumps({"tokenizer": _tokenizer_name(stem), "ids": ids}))
     try:
         tmp.rename(path)
     except OSError:  # another process finished the same index first; theirs is identical

@@ -15,7 +15,6 @@ const state = {
   schema: {},            // setting name -> {type, choices, default, description}
   overrides: {},         // settings the user changed from the server's defaults
   thread: null,          // {id, collection, graph}
-  runs: [],
 };
 window.miaTimings = [];  // per answer: ms from the model's first token to it being on screen
 
@@ -335,7 +334,6 @@ async function ask(question) {
   const answerNode = message.querySelector(".body");
   const run = {graph, collection, question, step0: null, signature0: null, retrievals: [], steps: [], values: {},
                started: performance.now(), firstToken: null};
-  state.runs.push(run);
   $("ask").disabled = true;
   status(`${graph} is working…`);
   try {
