@@ -128,7 +128,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--summarizer", choices=["extractive", "llm", "llm-excerpt"], default="extractive",
                    help="session summaries for ingestion (default extractive: no LLM); --sweep summarizer=... "
                         "compares several in one run")
-    p.add_argument("--texts", type=Path, help="custom: folder of .txt/.md files, one per book")
+    p.add_argument("--texts", type=Path, help="custom: a .txt/.md file (one book) or a folder of them, one per book")
     p.add_argument("--questions", type=Path, help="custom: JSONL of questions")
     p.add_argument("--reuse", action="append", type=Path, metavar="DIR",
                    help="take results an earlier run (its --out folder) finished for identical jobs: same settings, "

@@ -39,6 +39,8 @@ DATA_ENV = "MIA_DATA"
 SPLITS = ("train", "val", "test")
 DEFAULT_ORIGINS = ("norwegian-fairybook", "scottish-fairybook", "swedish-fairybook", "lilac-fairybook")
 MULTIHOP_FILES = {"hotpot": "hotpot.json", "musique": "musique.json", "wikihop": "wikihop.json"}
+MULTIHOP_TRAIN_FILES = {"wikihop": "wikihop_train_preprocess.json"}
+"""The train split: 2Wiki train questions, for tuning what the dev questions then measure."""
 DISTRACTOR_CORPUS = "2wikimultihopqa_corpus.json"
 PARAGRAPH_SEP = "\n\n"
 _MINOR_WORDS = frozenset({"a", "an", "and", "as", "at", "by", "for", "in", "of", "on", "or", "the", "to"})
@@ -398,10 +400,11 @@ def _multihop_questions(source: str, records: list[dict[str, Any]]) -> Iterator[
 def build_multihop_synth(
     out_dir: Path,
     target_tokens: int = 32000,
-    sources: tuple[str, ...] = ("hotpot", "musique", "wikihop"),
+    sources: tuple[str, ...] | None = None,
     n_questions: int | None = None,
     seed: int = 0,
     data_root: Path | None = None,
+    split: str = "dev",
 ) -> Dataset:
     """One synthetic long document per multi-hop question (InfMem / MemAgent style).
 
@@ -410,11 +413,17 @@ def build_multihop_synth(
     could hold the answer) and never two distractors with the same title. Distractors are added until
     the next one would pass ``target_tokens``, then everything is shuffled, so the gold lands at a
     seeded, question-specific depth. ``n_questions`` takes the first n questions *of each source* in
-    file order, so different seeds vary the documents, not the questions.
+    file order, so different seeds vary the documents, not the questions. ``split`` "dev" draws the
+    HotpotQA, MuSiQue and 2Wiki dev questions (what reports measure); "train" draws 2Wiki train
+    questions, with distractors from their own contexts and the corpus, for tuning.
     """
-    unknown = [s for s in sources if s not in MULTIHOP_FILES]
+    files = {"dev": MULTIHOP_FILES, "train": MULTIHOP_TRAIN_FILES}.get(split)
+    if files is None:
+        raise DatasetError(f"multihop-synth has the splits 'dev' and 'train', not {split!r}")
+    sources = tuple(files) if sources is None else sources
+    unknown = [s for s in sources if s not in files]
     if unknown:
-        raise DatasetError(f"unknown multi-hop sources {unknown}; choose from {sorted(MULTIHOP_FILES)}")
+        raise DatasetError(f"unknown multi-hop sources {unknown} for the {split!r} split; choose from {sorted(files)}")
     if target_tokens <= 0:
         raise DatasetError(f"target_tokens must be positive, got {target_tokens}")
     if n_questions is not None and n_questions <= 0:
@@ -424,7 +433,7 @@ def build_multihop_synth(
     every: list[_MultihopQuestion] = []
     questions: list[_MultihopQuestion] = []
     for source in sources:
-        records = _read_json_records(_require(folder / MULTIHOP_FILES[source], root))
+        records = _read_json_records(_require(folder / files[source], root))
         parsed = list(_multihop_questions(source, records))
         every.extend(parsed)
         questions.extend(parsed[:n_questions])
@@ -493,7 +502,7 @@ def build_multihop_synth(
             })
         return rows
 
-    return _build(out_dir, "multihop-synth", "dev", seed, params, len(questions), fill)
+    return _build(out_dir, "multihop-synth", split, seed, params, len(questions), fill)
 
 
 # --------------------------------------------------------------------------- custom collections
@@ -594,18 +603,19 @@ def _check_pairs(questions: Sequence[dict[str, Any]], source: Path) -> None:
 
 
 def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: str = "test") -> Dataset:
-    """Any folder of .txt/.md files (one file = one book, by name) plus a JSONL of questions.
+    """Any folder of .txt/.md files (one file = one book, by name), or one such file, plus a JSONL of questions.
 
     Gold spans name a book by its file stem and index its text as read with ``newline=""``.
     Everything is validated before anything is written, so a typo costs an error message naming
     the file and line, not a silently unscorable data set.
     """
     texts_dir, questions_jsonl = Path(texts_dir), Path(questions_jsonl)
-    if not texts_dir.is_dir():
-        raise DatasetError(f"{texts_dir}: not a folder of .txt/.md files")
+    single = texts_dir.is_file() and texts_dir.suffix.lower() in {".txt", ".md"}
+    if not (single or texts_dir.is_dir()):
+        raise DatasetError(f"{texts_dir}: not a .txt/.md file or a folder of them")
     if not questions_jsonl.is_file():
         raise DatasetError(f"{questions_jsonl}: questions file not found")
-    files = sorted(p for p in texts_dir.iterdir() if p.is_file() and p.suffix.lower() in {".txt", ".md"})
+    files = [texts_dir] if single else sorted(p for p in texts_dir.iterdir() if p.is_file() and p.suffix.lower() in {".txt", ".md"})
     if not files:
         raise DatasetError(f"{texts_dir}: no .txt or .md files")
     texts: dict[str, str] = {}

@@ -66,9 +66,12 @@ DEFAULT_LENGTH = 32000
 # Context defaults at the time results were first cached, for every field whose default has changed
 # since: a result computed under the old default keeps its fingerprint, and one under the new default
 # gets a new one. Add a line here whenever a Context default changes.
-FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60, "bm25_stemming": False}
+FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60, "bm25_stemming": False,
+                                         "open_answer": "sentence"}
 HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 """Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
+OPEN_ANSWER_ONLY = frozenset({"open_answer"})
+"""Settings read only when an open answer is generated (not retrieval-only, not choice or verify)."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,13 @@ class Variant:
         a setting does, write to a new ``--out``.) Settings the graph never reads are left out
         (``graph.registry``), so ``rag`` under α = 0.2 or 0.5 is one configuration, and so is
         ``infmem`` under either retriever, and neither are the fusion's settings under dense
-        retrieval (``HYBRID_ONLY``)."""
+        retrieval (``HYBRID_ONLY``) nor the open answer's style where no open answer is written
+        (``OPEN_ANSWER_ONLY``)."""
         read = registry.settings_read(self.graph) - {"collection"}
         if self.context.retriever != "hybrid":
             read -= HYBRID_ONLY
+        if self.context.retrieval_only or self.context.answer_format != "open":
+            read -= OPEN_ANSWER_ONLY
         changed = {
             f.name: getattr(self.context, f.name) for f in fields(Context)
             if f.name in read and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
@@ -272,16 +278,17 @@ def prepare_parts(
     home = mia_home() / "datasets"
     try:
         if dataset == "multihop-synth":
-            if split != "dev":
-                raise ValueError("multihop-synth has only the 'dev' split")
+            if split not in ("dev", "train"):
+                raise ValueError(f"multihop-synth has the splits 'dev' and 'train' (2Wiki train questions, for tuning), not {split!r}")
+            suffix = "" if split == "dev" else f"-{split}"
             return [
-                _part(BUILDERS[dataset](home / f"multihop-synth-{n}-seed{seed}", target_tokens=n, seed=seed),
-                      f"multihop-synth-{n}", n)
+                _part(BUILDERS[dataset](home / f"multihop-synth-{n}-seed{seed}{suffix}", target_tokens=n, seed=seed, split=split),
+                      f"multihop-synth-{n}{suffix}", n)
                 for n in (lengths or [DEFAULT_LENGTH])
             ]
         if dataset == "custom":
             if texts is None or questions_file is None:
-                raise ValueError("--dataset custom needs --texts DIR (one .txt/.md file per book) and --questions FILE.jsonl")
+                raise ValueError("--dataset custom needs --texts DIR or FILE (.txt/.md files, one per book) and --questions FILE.jsonl")
             built = BUILDERS[dataset](out / "dataset", texts, questions_file, split=split)
         elif origins:
             subset = "+".join(origins)

@@ -276,4 +276,5 @@ def generate(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     signature = [r["text"] for r in store.summary_records(sig_ids)] if use_sig and sig_ids else []
     evidence = [e["fact"] for e in state.get("evidence") or []] if use_evi else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard)
+                       options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard,
+                       style=ctx.open_answer)

@@ -7,17 +7,29 @@ from typing import Any, Sequence
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
+from pydantic import BaseModel, Field
 
 import prompts
-from nodes.context import AnswerFormat, Context
+from nodes.context import AnswerFormat, Context, OpenAnswer
 from nodes.state import merge_usage
 from prompts import injection
 from stores.bm25 import tokenize
+from stores.chat import json_call
 from stores.summaries import sentence_spans
 
 FORMAT_RULES: dict[str, str] = {
     "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
     "If the material does not contain the answer, say so briefly.",
+    # The open_answer styles below were measured against "open" (the rule of every report before
+    # issue 25) on multihop-synth's train split; evals/README.md has the figures.
+    "phrase": "Reply with the answer itself: a name, a date, a number or a few words taken from the passages, "
+    "never a whole sentence and never the question restated. Then cite the passages you used as [1], [2], ... "
+    'For example, asked "Who wrote the novel the film was based on?", reply: Mary Shelley [3]. '
+    "If the material does not contain the answer, say so briefly.",
+    "schema": 'Reply with JSON: {"answer": the answer itself (a name, a date, a number or a few words taken from '
+    'the passages, never a whole sentence), "passages": the numbers of the passages you used}. '
+    'For example: {"answer": "Mary Shelley", "passages": [3]}. If the material does not contain the answer, '
+    "say so briefly as the answer.",
     "choice": "Answer with the letter of the correct option only.",
     "verify": "Answer TRUE if the claim is supported by the material and FALSE otherwise, with that one word only.",
 }
@@ -59,16 +71,136 @@ def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), gu
 
 def answer_messages(question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
                     options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-                    guard: bool = True) -> list[BaseMessage]:
+                    guard: bool = True, style: OpenAnswer = "trim") -> list[BaseMessage]:
     option_text = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options[: len(LETTERS)]))
+    rule = FORMAT_RULES[fmt] if fmt != "open" else FORMAT_RULES[OPEN_RULE[style]]
     return prompts.messages(
         "answer",
-        format_rule=FORMAT_RULES[fmt],
+        format_rule=rule,
         memory=memory_block(signature, evidence, guard),
         passages=passages_block(chunks, guard),
         question=question,
         options=option_text,
     )
+
+
+OPEN_RULE: dict[str, str] = {"sentence": "open", "trim": "open", "phrase": "phrase", "extract": "phrase", "schema": "schema"}
+"""The format rule each ``open_answer`` style prompts with."""
+EXTRACT_OVER_WORDS = 5
+"""``open_answer=extract`` shortens only answers longer than this: a phrase is already short."""
+
+
+class ShortAnswer(BaseModel):
+    """``open_answer=schema``'s reply. The bounds live in the JSON schema only, where the embedded
+    model's grammar enforces them (as for Update): an answer cannot run on into a sentence."""
+
+    answer: str = Field("", json_schema_extra={"maxLength": 80})
+    passages: list[int] = Field(default_factory=list, json_schema_extra={"maxItems": 3})
+
+
+_YES_NO = re.compile(r"\s*(yes|no)\b", flags=re.IGNORECASE)
+_WORD = re.compile(r"\S+")
+_OPTIONS = re.compile(r",\s*([^,]+?)\s+or\s+([^,]+?)\s*\?\s*$")
+_PARENTHESIS = re.compile(r"\s*\([^)]*\)")
+_ABBREVIATION = re.compile(r"^(?:[A-Z]|Dr|Mr|Mrs|Ms|St|Jr|Sr|Mt|Ft|Gen|Col|Capt|Lt|Sgt|Rev|Prof)\.$")
+_POSSESSIVE = re.compile(r"['’]s$")
+_FUNCTION = frozenset({"than", "both", "also", "then", "while", "whose", "whom", "which", "who", "what", "where", "when",
+                       "he", "she", "it", "they", "him", "her", "his", "its", "them", "their"})
+_COPULA = frozenset({"is", "was", "are", "were"})
+_EXPLAINED = re.compile(r"\s*(why|how(?!\s+(many|much|old|long|far|tall|big)\b))\b", flags=re.IGNORECASE)
+_JOINERS = frozenset({"of", "de", "da", "di", "du", "del", "der", "den", "van", "von", "la", "le", "ibn", "bin", "al", "and", "the"})
+TRIM_OVER_WORDS = 4
+"""``open_answer=trim`` leaves answers of at most this many words as they are."""
+
+
+def trimmed(answer: str, question: str) -> str:
+    """The words of an open answer that answer, without the question the model restated around them.
+
+    A yes/no reply is its first word; a reply to "which …, A or B?" that names one of the two is
+    that one; a reply that opens with a new name followed by "is"/"was" is that name. Otherwise,
+    when the reply restates the question before saying one new thing, and that thing is a name,
+    number or date, the answer is that run of words the question does not hold (stemmed terms; a
+    run ends at a comma or full stop, and nothing new may follow it in its clause), widened over
+    the capitalised words of the name it belongs to, so "The band Rush released a song called Counterparts" asked "Which band
+    released a song called Counterparts?" becomes "Rush", and "Edward Baring's father is Sir
+    Francis Baring" becomes "Sir Francis Baring". A why/how question's answer, an answer that says
+    nothing the question does not, and one that is already short stay whole. Deterministic and
+    free: it never asks the model again, so it cannot change which answer was given, only how much
+    of the question comes back around it.
+    """
+    if (match := _YES_NO.match(answer)) and len(answer.split()) > 1:
+        return match.group(1).capitalize()
+    if (options := _OPTIONS.search(question)) is not None:
+        named = [o for o in options.groups() if _PARENTHESIS.sub("", o).casefold() in answer.casefold()]
+        if len(named) == 1:
+            return named[0]
+    words = _WORD.findall(answer)
+    if len(words) <= TRIM_OVER_WORDS or _EXPLAINED.match(question):
+        return answer
+    asked = set(tokenize(question, stem=True))
+    terms = [[t for t in tokenize(_POSSESSIVE.sub("", w.strip(",.;:!?\"'()")), stem=True) if t not in _FUNCTION] for w in words]
+    new = [any(term not in asked for term in t) for t in terms]
+    ends = lambda i: words[i].endswith((",", ".", ";", ":")) and not _ABBREVIATION.match(words[i])  # noqa: E731
+    named = lambda i: words[i][:1].isupper() or words[i][:1].isdigit()  # noqa: E731
+    if not any(new):
+        return answer
+    first = new.index(True)
+    if first == 0 and named(0):
+        # "Chiang Hsiao-wu is the eldest son of …" asked "Who is …?": the new name it opens with.
+        last = 0
+        while last + 1 < len(words) and not ends(last) and (named(last + 1) or words[last + 1].casefold() in _JOINERS):
+            last += 1
+        subject = " ".join(words[:last + 1]).strip(" ,.;:")
+        return subject if last + 1 < len(words) and words[last + 1].casefold() in _COPULA and named(last) else answer
+    if first < 2:
+        return answer  # nothing restated before it: a reply in the model's own words
+    last = first
+    while not ends(last) and last + 1 < len(words):
+        if new[last + 1] or named(last + 1):
+            last += 1
+        elif not terms[last + 1] or words[last + 1].casefold() in _JOINERS:
+            if last + 2 < len(words) and (new[last + 2] or named(last + 2)) and not ends(last + 1):
+                last += 2
+            else:
+                break
+        else:
+            break
+    while first > 0 and named(first) and not ends(first - 1) and (
+            named(first - 1) or (first > 1 and words[first - 1].casefold() in _JOINERS and named(first - 2) and not ends(first - 2))):
+        first -= 1 if named(first - 1) else 2
+    # The answer is the one new thing said: a clause that goes on to say more stays whole.
+    rest = next((i for i in range(last, len(words)) if ends(i)), len(words) - 1)
+    if any(new[last + 1:rest + 1]):
+        return answer
+    # Only a name, a number or a date is cut out; an explanation in the model's words stays whole.
+    return " ".join(words[first:last + 1]).strip(" ,.;:") if named(first) else answer
+
+
+def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, style: OpenAnswer, question: str,
+         node: str) -> tuple[str, str | None, dict[str, Any]]:
+    """One answer in ``style``: (the reply with [n] markers, its message id, usage).
+
+    ``trim`` cuts the reply with ``trimmed`` (no model call); ``schema`` decodes ``ShortAnswer``
+    under the grammar and writes it back as "phrase [n]"; ``extract`` asks a second, short call for the phrase inside a long reply and keeps it only
+    when it is a span of that reply, so the step can shorten an answer but never change it.
+    """
+    if fmt == "open" and style == "schema":
+        parsed, raw = json_call(llm, messages, ShortAnswer)
+        text = raw.text if parsed is None else f"{parsed.answer} " + "".join(f"[{n}]" for n in dict.fromkeys(parsed.passages))
+        return text.strip(), raw.id, usage_of(raw, node)
+    raw = llm.invoke(messages)
+    text, usage = raw.text.strip(), usage_of(raw, node)
+    said = normalise_answer(text, fmt)
+    if fmt == "open" and style == "trim" and (short := trimmed(said, question)) != said:
+        text = f"{short} " + "".join(f"[{n}]" for n in dict.fromkeys(_CITE.findall(text)))
+    elif fmt == "open" and style == "extract" and len(said.split()) > EXTRACT_OVER_WORDS:
+        short = llm.with_config(tags=["nostream"]).invoke(
+            prompts.messages("extract", question=question, answer=prompts.fence(said, tag="answer", guard=False)))
+        usage = merge_usage(usage, usage_of(short, node))
+        phrase = normalise_answer(short.text, fmt).strip(' "\'')
+        if phrase and phrase.casefold() in said.casefold():
+            text = f"{phrase} " + "".join(f"[{n}]" for n in dict.fromkeys(_CITE.findall(text)))
+    return text.strip(), raw.id, usage
 
 
 def cut_ranges(chunk: dict[str, Any]) -> list[tuple[int, int]]:
@@ -171,39 +303,39 @@ def without_sources(reply: str) -> str:
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
              options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-             node: str = "generate", guard: bool = True) -> dict[str, Any]:
+             node: str = "generate", guard: bool = True, style: OpenAnswer = "trim") -> dict[str, Any]:
     """Answer and the state update every graph's final node returns.
 
     With ``guard``, an open answer traced to an instruction in the material (``injection.planted``)
     is rejected: the model answers once more without the suspect sentences, and if that answer is
     traced too, the reply says no reliable answer was found. Clean material never pays the retry.
     """
-    raw: AIMessage = llm.invoke(answer_messages(question, chunks, fmt, options, signature, evidence, guard))
-    usage = usage_of(raw, node)
-    answer = normalise_answer(raw.text, fmt, len(options))
+    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard, style),
+                                   fmt, style, question, node)
+    answer = normalise_answer(text, fmt, len(options))
     report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
     material = [c["text"] for c in chunks] + list(signature)  # the source's text, not the model's notes
     known = [injection.decode(c.get("guard_trace", "")) for c in chunks]
     if guard and fmt == "open" and injection.planted(answer, material, (question,), known):
         report["rejected"] = [answer]
         stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
-        raw = llm.invoke(answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature],
-                                         evidence, guard))
-        usage = merge_usage(usage, usage_of(raw, node))
-        answer = normalise_answer(raw.text, fmt, len(options))
+        text, message_id, retry_usage = _ask(
+            llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature], evidence,
+                                 guard, style), fmt, style, question, node)
+        usage = merge_usage(usage, retry_usage)
+        answer = normalise_answer(text, fmt, len(options))
         if injection.planted(answer, material, (question,), known):
             report["rejected"].append(answer)
-            raw = AIMessage(content=NO_RELIABLE_ANSWER, id=raw.id)
-            answer = NO_RELIABLE_ANSWER
+            text = answer = NO_RELIABLE_ANSWER
     # Support is sought for what the answer says: the phrase, the chosen option's text, or (TRUE /
     # FALSE) the claim itself, which is the question.
     said = (answer if fmt == "open" and answer != NO_RELIABLE_ANSWER
             else options[LETTERS.index(answer)] if fmt == "choice" and len(answer) == 1 and answer in LETTERS[:len(options)] else "")
-    cites = citations(raw.text, chunks, question, said)
+    cites = citations(text, chunks, question, said)
     return {
         "answer": answer,
         "citations": cites,
-        "messages": [AIMessage(content=reply_text(answer if fmt != "open" else raw.text.strip(), cites), id=raw.id)],
+        "messages": [AIMessage(content=reply_text(answer if fmt != "open" else text, cites), id=message_id)],
         "usage": usage,
         "guard": report,
     }

@@ -17,6 +17,7 @@ SignatureInit = Literal["auto", "coverage", "first_k"]
 SigStrategy = Literal["centroid", "concat", "mia", "prior"]
 PriorWeights = Literal["votes", "relevance"]
 AnswerFormat = Literal["open", "choice", "verify"]
+OpenAnswer = Literal["trim", "sentence", "phrase", "schema", "extract"]
 Retriever = Literal["dense", "hybrid"]
 
 
@@ -90,6 +91,9 @@ class Context:
         "chunks", "What the generator sees besides the question: chunks, +sig, +evi, +sig+evi, or auto (our per-question rule).", group="retrieval"
     )
     answer_format: AnswerFormat = _setting("open", "open (a short phrase), choice (a letter) or verify (TRUE/FALSE).")
+    open_answer: OpenAnswer = _setting(
+        "trim", "How an open answer is asked for: trim (as sentence, then a reply that restates the question around a name, number or date is cut to it, and a yes/no reply to its first word; no extra call; measured best on multihop-synth train and fairy-tale val), sentence (a short phrase, the prompt of reports before issue 25), phrase (the answer itself first, with an example), schema (JSON-constrained answer of at most 80 characters + passage numbers) or extract (phrase, then a short second call cuts a long reply down to the phrase inside it). The supporting sentence comes with the citations."
+    )
     injection_guard: bool = _setting(
         True, "Keep instructions planted in documents away from the model: cut instruction-like spans out of every prompt and reject an answer or query traced to one. Turn off only to ask about such text itself."
     )
@@ -140,7 +144,8 @@ class Context:
             if not ok:
                 raise ValueError(f"invalid setting: {message}")
         for name, kind in (("retriever", Retriever), ("signature_init", SignatureInit), ("sig_strategy", SigStrategy), ("prior_weights", PriorWeights),
-                           ("answer_inputs", AnswerInputs), ("answer_format", AnswerFormat)):
+                           ("answer_inputs", AnswerInputs), ("answer_format", AnswerFormat),
+                           ("open_answer", OpenAnswer)):
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"invalid setting: {name} must be one of {', '.join(get_args(kind))}, got {getattr(self, name)!r}")
 

@@ -173,7 +173,8 @@ def answer(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = runtime.context
     memory = state.get("memory", "")
     return generate(resources.chat_model(ctx), state["question"], [], ctx.answer_format,
-                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard)
+                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard,
+                    style=ctx.open_answer)
 
 
 # ---- memagent ----------------------------------------------------------------------------------

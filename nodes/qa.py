@@ -163,5 +163,6 @@ def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     with_sig = ctx.answer_inputs in ("chunks+sig", "chunks+sig+evi") and state.get("signature")
     signature = [r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])] if with_sig else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       options_for(state, ctx), signature=signature, guard=ctx.injection_guard)
+                       options_for(state, ctx), signature=signature, guard=ctx.injection_guard,
+                       style=ctx.open_answer)
 

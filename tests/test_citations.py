@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langchain_core.language_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 
-from nodes.answer import citations, reply_text, supporting_sentence
+from nodes.answer import citations, generate, reply_text, supporting_sentence, trimmed
 from tests.test_agent import ANSWER_NOW, run, script  # noqa: F401 - script is a fixture
 
 BOOK = ("Once upon a time there was a farmer. He had carted pears to market. "
@@ -87,3 +89,83 @@ def test_quoted_sources_stay_out_of_the_follow_up_prompt(script) -> None:
     question, _ = standalone_question(history, "And where to?", Context())
     assert question == "What did the farmer cart to market?"
     assert "Assistant: Pears" in scripted.prompts[0] and "He had carted pears" not in scripted.prompts[0]
+
+
+# --------------------------------------------------------------------------- short answers (open_answer)
+
+
+class _Replies(GenericFakeChatModel):
+    """Scripted replies that also record the prompts they were given."""
+
+    prompts: list[list[Any]] = []
+
+    def _generate(self, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
+        self.prompts.append(messages)
+        return super()._generate(messages, *args, **kwargs)
+
+
+def _generate_with(replies: list[str], style: str) -> tuple[dict[str, Any], _Replies]:
+    llm = _Replies(messages=iter(AIMessage(r) for r in replies), prompts=[])
+    return generate(llm, "What had the farmer carted to market?", CHUNKS, "open", style=style), llm
+
+
+def test_schema_style_writes_the_json_answer_back_as_a_cited_phrase() -> None:
+    out, llm = _generate_with(['{"answer": "pears", "passages": [1, 1]}'], "schema")
+    assert out["answer"] == "pears" and [c["n"] for c in out["citations"]] == [1]
+    assert out["citations"][0]["cited_by_model"] and out["messages"][0].content.startswith("pears [1]\n\nSources:")
+    assert '"answer"' in llm.prompts[0][0].content  # the rule asks for the JSON shape
+    # Unparseable JSON keeps the model's text as the answer rather than failing the run.
+    assert _generate_with(["pears, I think"], "schema")[0]["answer"] == "pears, I think"
+
+
+def test_extract_style_shortens_a_sentence_to_the_phrase_inside_it() -> None:
+    sentence = "The farmer had carted a load of pears to market [1]."
+    out, llm = _generate_with([sentence, "pears"], "extract")
+    assert out["answer"] == "pears" and out["usage"]["llm_calls"] == 2
+    assert out["messages"][0].content.startswith("pears [1]") and out["citations"][0]["n"] == 1
+    assert "<answer>" in llm.prompts[1][1].content  # the long answer goes in fenced, as data
+    # A "phrase" that is not in the answer is refused: the step may shorten, never change, an answer.
+    assert _generate_with([sentence, "apples"], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
+    # A short answer is not sent for extraction.
+    short, llm = _generate_with(["pears [1]"], "extract")
+    assert short["answer"] == "pears" and short["usage"]["llm_calls"] == 1 and len(llm.prompts) == 1
+
+
+@pytest.mark.parametrize(("style", "words"), [("sentence", "a short phrase of a few words"), ("trim", "a short phrase of a few words"),
+                                              ("phrase", "never a whole sentence")])
+def test_each_style_prompts_its_rule(style: str, words: str) -> None:
+    _, llm = _generate_with(["pears [1]"], style)
+    assert words in llm.prompts[0][0].content
+
+
+@pytest.mark.parametrize(("answer", "question", "expected"), [
+    # The question restated around a name: the name.
+    ("The Canadian rock band Rush released a song called Counterparts", "Which Canadian rock band released a song called Counterparts?", "Rush"),
+    ("Edward Baring, 1st Baron Revelstoke's father is Sir Francis Baring", "Who was the father of Edward Baring, 1st Baron Revelstoke?",
+     "Sir Francis Baring"),
+    ("The director of film Last Rampage was Dwight H. Little", "Who was the director of film Last Rampage?", "Dwight H. Little"),
+    ("The director of film Shadows Unseen was born in Salsomaggiore Terme, Bazzoni started as camera operator",
+     "Where was the director of film Shadows Unseen born?", "Salsomaggiore Terme"),
+    ("Ali ibn Husayn's paternal grandmother is Hasan ibn Ali", "Who is Ali ibn Husayn's paternal grandmother?", "Hasan ibn Ali"),
+    # Yes / no, and a pick between the two options the question names.
+    ("Yes, both films have directors from France", "Are both films' directors from the same country?", "Yes"),
+    ("David Luna Sánchez is older", "Who is older, David Dzakhov or David Luna Sánchez?", "David Luna Sánchez"),
+    ("Crime After Crime is a 2011 documentary film", "Which film came out first, The Mayor (1915) or Crime After Crime (film)?",
+     "Crime After Crime (film)"),
+    # Left whole: both options named, an explanation, no restatement before the new words, a short reply.
+    ("V Trestném Území was released more recently than True Bromance", "Which film is newer, True Bromance or V Trestném Území?",
+     "V Trestném Území was released more recently than True Bromance"),
+    ("Because they hated the Sorcerer, who had too much influence", "Why didn't the King like the advice?",
+     "Because they hated the Sorcerer, who had too much influence"),
+    ("Assipattle loved his sister, Gemdelovely, dearly", "Who loved Assipattle dearly?", "Assipattle loved his sister, Gemdelovely, dearly"),
+    ("The farmer Assipattle knew all the mysteries", "Who knew all the mysteries of the earth?", "The farmer Assipattle knew all the mysteries"),
+    ("The Prairie King", "Which film came out first?", "The Prairie King"),
+])
+def test_trimmed_cuts_the_restated_question_away(answer: str, question: str, expected: str) -> None:
+    assert trimmed(answer, question) == expected
+
+
+def test_trim_style_keeps_the_citations_and_costs_no_call() -> None:
+    out, llm = _generate_with(["The farmer had carted to market Williams pears [1]."], "trim")
+    assert out["answer"] == "Williams pears" and out["usage"]["llm_calls"] == 1 and len(llm.prompts) == 1
+    assert out["messages"][0].content.startswith("Williams pears [1]\n\nSources:")

@@ -190,6 +190,25 @@ def test_multihop_question_documents_do_not_depend_on_n(multihop: Dataset, tmp_p
         assert read_source(one.sources[i]) == read_source(multihop.sources[2 * i])
 
 
+def test_multihop_train_split_is_2wiki_train(tmp_path: Path) -> None:
+    """The tuning split: 2Wiki train questions, none of them a dev question, gold spans exact."""
+    train = build_multihop_synth(tmp_path / "train", target_tokens=TARGET, n_questions=3, split="train")
+    assert train.split == "train" and len(train.questions) == 3
+    dev_ids = {json.loads(line)["_id"] for line in (DATA / "multihop" / "wikihop.json").read_text().splitlines() if line.strip()}
+    raw = json.loads((DATA / "multihop" / datasets.MULTIHOP_TRAIN_FILES["wikihop"]).read_text())
+    by_id = {r["_id"]: r for r in raw}
+    for q in train.questions:
+        assert q["meta"]["source"] == "wikihop" and q["meta"]["source_id"] not in dev_ids
+        record = by_id[q["meta"]["source_id"]]
+        gold = {t for t, _ in record["supporting_facts"]}
+        expected = sorted(f"{' '.join(t.split())}\n{' '.join(' '.join(s).split())}" for t, s in record["context"] if t in gold)
+        assert sorted(_span_text(train, g) for g in q["gold"]) == expected
+    with pytest.raises(DatasetError, match="splits 'dev' and 'train'"):
+        build_multihop_synth(tmp_path / "x", split="test")
+    with pytest.raises(DatasetError, match="'train' split"):
+        build_multihop_synth(tmp_path / "y", split="train", sources=("hotpot",))
+
+
 def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = iter(range(2))
 
@@ -268,6 +287,17 @@ def test_custom_rejects_bad_folders(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(DatasetError, match="no .txt or .md files"):
         build_custom(tmp_path / "out", empty, questions)
+
+
+def test_custom_takes_one_book_file(tmp_path: Path) -> None:
+    texts, questions = _custom_inputs(tmp_path, [json.dumps(
+        {"question": "Where is the key?", "answers": ["under the mat"], "gold": [{"book": "b_second", "start": 6, "end": 31}]})])
+    built = build_custom(tmp_path / "out", texts / "b_second.md", questions)
+    assert built.books == ["b_second"]
+    assert _span_text(built, built.questions[0]["gold"][0]) == "The key is under the mat."
+    (tmp_path / "notes.pdf").write_bytes(b"%PDF")
+    with pytest.raises(DatasetError, match="not a .txt/.md file or a folder"):
+        build_custom(tmp_path / "other", tmp_path / "notes.pdf", questions)
 
 
 def test_registry() -> None:

@@ -318,7 +318,8 @@ def test_fingerprints_of_committed_results_do_not_move() -> None:
     )
     assert rag.fingerprint == "c4140f76ad27bf81"  # evals/results/fairytale-series-test-retrieval: rag
     assert mia.fingerprint == "454ca5d4a22c52be"  # ... mia_rag[coverage, centroid, alpha=0.2, window=5]
-    infmem, memagent = runner.expand_variants(["infmem", "memagent"], {}, {}, retrieval_only=False, summarizer="extractive")
+    infmem, memagent = runner.expand_variants(["infmem", "memagent"], {"open_answer": "sentence"}, {}, retrieval_only=False,
+                                              summarizer="extractive")
     assert infmem.fingerprint == "701a0242c3fdcc75"  # evals/results/multihop-synth-16k: infmem
     assert memagent.fingerprint == "faf670f8b20fb40a"  # ... memagent
 
@@ -342,6 +343,12 @@ def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
     dense = prints({"retriever": "dense"})
     assert prints({"retriever": "dense", "rrf_k": "30", "bm25_weight": "1", "bm25_stemming": "false"})["rag"] == dense["rag"]
     assert prints({"bm25_stemming": "false"})["rag"] != base["rag"]
+    # The open answer's style matters only where an open answer is written.
+    assert prints({"open_answer": "sentence"})["rag"] != base["rag"]
+    assert prints({"open_answer": "sentence", "answer_format": "verify"})["rag"] == prints({"answer_format": "verify"})["rag"]
+    only = [runner.expand_variants(["rag"], {"open_answer": style}, {}, retrieval_only=True, summarizer="extractive")[0]
+            for style in ("sentence", "trim")]
+    assert only[0].fingerprint == only[1].fingerprint
 
 
 def test_every_setting_has_a_description_and_a_group_some_graph_reads() -> None:
