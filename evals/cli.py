@@ -107,7 +107,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--dataset", required=True,
                    help="fairytale-series, fairytale-series-titled, multihop-synth, custom, or a built data set's folder")
-    p.add_argument("--split", help="question split (default: test; multihop-synth: dev)")
+    p.add_argument("--split", help="question split (default: test; multihop-synth: dev, or train: 2Wiki train questions for tuning)")
     p.add_argument("--length", type=_lengths, metavar="TOKENS[,TOKENS...]",
                    help="multihop-synth document length(s) in tokens (default 32000)")
     p.add_argument("--origins", help="fairytale-series: comma-separated FairytaleQA origin books to merge (default: "

@@ -94,11 +94,14 @@ class ShortAnswer(BaseModel):
     """``open_answer=schema``'s reply. The bounds live in the JSON schema only, where the embedded
     model's grammar enforces them (as for Update): an answer cannot run on into a sentence."""
 
-    answer: str = Field("", json_schema_extra={"maxLength": 80})
+    answer: str = Field("", json_schema_extra={"minLength": 1, "maxLength": 80})
     passages: list[int] = Field(default_factory=list, json_schema_extra={"maxItems": 3})
 
 
-_YES_NO = re.compile(r"\s*(yes|no)\b", flags=re.IGNORECASE)
+_YES_NO = re.compile(r"\s*(yes|no)\s*(?:[,.;:!]|$)", flags=re.IGNORECASE)
+_POLAR = re.compile(r"\s*(is|are|was|were|do|does|did|has|have|had|can|could|will|would|should|shall|may|might|must)\b",
+                    flags=re.IGNORECASE)
+_NEGATION = re.compile(r"\b(not|never|neither|nor|both)\b|n't\b", flags=re.IGNORECASE)
 _WORD = re.compile(r"\S+")
 _OPTIONS = re.compile(r",\s*([^,]+?)\s+or\s+([^,]+?)\s*\?\s*$")
 _PARENTHESIS = re.compile(r"\s*\([^)]*\)")
@@ -116,7 +119,7 @@ TRIM_OVER_WORDS = 4
 def trimmed(answer: str, question: str) -> str:
     """The words of an open answer that answer, without the question the model restated around them.
 
-    A yes/no reply is its first word; a reply to "which …, A or B?" that names one of the two is
+    A yes/no reply to a yes/no question is its first word; a reply to "which …, A or B?" that names one of the two is
     that one; a reply that opens with a new name followed by "is"/"was" is that name. Otherwise,
     when the reply restates the question before saying one new thing, and that thing is a name,
     number or date, the answer is that run of words the question does not hold (stemmed terms; a
@@ -128,10 +131,11 @@ def trimmed(answer: str, question: str) -> str:
     free: it never asks the model again, so it cannot change which answer was given, only how much
     of the question comes back around it.
     """
-    if (match := _YES_NO.match(answer)) and len(answer.split()) > 1:
+    if _POLAR.match(question) and (match := _YES_NO.match(answer)) and len(answer.split()) > 1:
         return match.group(1).capitalize()
-    if (options := _OPTIONS.search(question)) is not None:
-        named = [o for o in options.groups() if _PARENTHESIS.sub("", o).casefold() in answer.casefold()]
+    if (options := _OPTIONS.search(question)) is not None and not _NEGATION.search(answer):
+        bare = [(o, _PARENTHESIS.sub("", o).strip()) for o in options.groups()]
+        named = [o for o, b in bare if b and re.search(rf"(?<!\w){re.escape(b)}(?!\w)", answer, flags=re.IGNORECASE)]
         if len(named) == 1:
             return named[0]
     words = _WORD.findall(answer)
@@ -177,17 +181,22 @@ def trimmed(answer: str, question: str) -> str:
 
 
 def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, style: OpenAnswer, question: str,
-         node: str) -> tuple[str, str | None, dict[str, Any]]:
+         node: str, n_passages: int) -> tuple[str, str | None, dict[str, Any]]:
     """One answer in ``style``: (the reply with [n] markers, its message id, usage).
 
     ``trim`` cuts the reply with ``trimmed`` (no model call); ``schema`` decodes ``ShortAnswer``
     under the grammar and writes it back as "phrase [n]"; ``extract`` asks a second, short call for the phrase inside a long reply and keeps it only
-    when it is a span of that reply, so the step can shorten an answer but never change it.
+    when it is a span of that reply (whole words), so the step can shorten an answer but never
+    change it.
     """
     if fmt == "open" and style == "schema":
         parsed, raw = json_call(llm, messages, ShortAnswer)
-        text = raw.text if parsed is None else f"{parsed.answer} " + "".join(f"[{n}]" for n in dict.fromkeys(parsed.passages))
-        return text.strip(), raw.id, usage_of(raw, node)
+        if parsed is None or not parsed.answer.strip():
+            # Cut off or empty: the answer value if one can be read, else the reply as it came.
+            found = re.search(r'"answer"\s*:\s*"((?:[^"\\]|\\.)+)', raw.text)
+            return (found.group(1) if found else raw.text).strip(), raw.id, usage_of(raw, node)
+        cited = "".join(f"[{n}]" for n in dict.fromkeys(parsed.passages) if 1 <= n <= n_passages)
+        return f"{parsed.answer.strip()} {cited}".strip(), raw.id, usage_of(raw, node)
     raw = llm.invoke(messages)
     text, usage = raw.text.strip(), usage_of(raw, node)
     said = normalise_answer(text, fmt)
@@ -198,7 +207,7 @@ def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, sty
             prompts.messages("extract", question=question, answer=prompts.fence(said, tag="answer", guard=False)))
         usage = merge_usage(usage, usage_of(short, node))
         phrase = normalise_answer(short.text, fmt).strip(' "\'')
-        if phrase and phrase.casefold() in said.casefold():
+        if re.search(r"\w", phrase) and re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", said, flags=re.IGNORECASE):
             text = f"{phrase} " + "".join(f"[{n}]" for n in dict.fromkeys(_CITE.findall(text)))
     return text.strip(), raw.id, usage
 
@@ -311,7 +320,7 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
     traced too, the reply says no reliable answer was found. Clean material never pays the retry.
     """
     text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard, style),
-                                   fmt, style, question, node)
+                                   fmt, style, question, node, len(chunks))
     answer = normalise_answer(text, fmt, len(options))
     report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
     material = [c["text"] for c in chunks] + list(signature)  # the source's text, not the model's notes
@@ -321,7 +330,7 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
         stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
         text, message_id, retry_usage = _ask(
             llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature], evidence,
-                                 guard, style), fmt, style, question, node)
+                                 guard, style), fmt, style, question, node, len(chunks))
         usage = merge_usage(usage, retry_usage)
         answer = normalise_answer(text, fmt, len(options))
         if injection.planted(answer, material, (question,), known):

@@ -114,8 +114,13 @@ def test_schema_style_writes_the_json_answer_back_as_a_cited_phrase() -> None:
     assert out["answer"] == "pears" and [c["n"] for c in out["citations"]] == [1]
     assert out["citations"][0]["cited_by_model"] and out["messages"][0].content.startswith("pears [1]\n\nSources:")
     assert '"answer"' in llm.prompts[0][0].content  # the rule asks for the JSON shape
-    # Unparseable JSON keeps the model's text as the answer rather than failing the run.
+    # Unparseable JSON keeps the model's text as the answer rather than failing the run; JSON cut off
+    # at the token limit still gives its answer value.
     assert _generate_with(["pears, I think"], "schema")[0]["answer"] == "pears, I think"
+    assert _generate_with(['{"answer": "pears", "passages": [1'], "schema")[0]["answer"] == "pears"
+    # Passage numbers outside the passages given are dropped, not written into the answer.
+    odd, _ = _generate_with(['{"answer": "pears", "passages": [-1, 7, 2]}'], "schema")
+    assert odd["answer"] == "pears" and [c["n"] for c in odd["citations"]] == [2]
 
 
 def test_extract_style_shortens_a_sentence_to_the_phrase_inside_it() -> None:
@@ -126,6 +131,9 @@ def test_extract_style_shortens_a_sentence_to_the_phrase_inside_it() -> None:
     assert "<answer>" in llm.prompts[1][1].content  # the long answer goes in fenced, as data
     # A "phrase" that is not in the answer is refused: the step may shorten, never change, an answer.
     assert _generate_with([sentence, "apples"], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
+    # Nor is a piece of a word, or punctuation.
+    assert _generate_with([sentence, "ear"], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
+    assert _generate_with([sentence, ","], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
     # A short answer is not sent for extraction.
     short, llm = _generate_with(["pears [1]"], "extract")
     assert short["answer"] == "pears" and short["usage"]["llm_calls"] == 1 and len(llm.prompts) == 1
@@ -160,6 +168,14 @@ def test_each_style_prompts_its_rule(style: str, words: str) -> None:
     ("Assipattle loved his sister, Gemdelovely, dearly", "Who loved Assipattle dearly?", "Assipattle loved his sister, Gemdelovely, dearly"),
     ("The farmer Assipattle knew all the mysteries", "Who knew all the mysteries of the earth?", "The farmer Assipattle knew all the mysteries"),
     ("The Prairie King", "Which film came out first?", "The Prairie King"),
+    # "No" that opens a not-found reply is not an answer to a yes/no question; a negated pick is no pick.
+    ("No information about the director is given in the passages", "Who directed the film?",
+     "No information about the director is given in the passages"),
+    ("No one knows who directed the film", "Is the director known?", "No one knows who directed the film"),
+    ("David Dzakhov is not older than anyone", "Who is older, David Dzakhov or David Luna Sánchez?", "David Dzakhov is not older than anyone"),
+    # Options match whole words only, and an option that is only a parenthesis matches nothing.
+    ("Rushmore was released in 1998 by Anderson", "Which came first, Rush or Heat?", "Rushmore"),
+    ("The Heat film came out in 1995", "Which came first, (film) or Heat?", "Heat"),
 ])
 def test_trimmed_cuts_the_restated_question_away(answer: str, question: str, expected: str) -> None:
     assert trimmed(answer, question) == expected
