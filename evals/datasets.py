@@ -419,7 +419,7 @@ def build_multihop_synth(
     """
     files = {"dev": MULTIHOP_FILES, "train": MULTIHOP_TRAIN_FILES}.get(split)
     if files is None:
-        raise DatasetError(f"multihop-synth has the splits 'dev' and 'train', not {split!r}")
+        raise DatasetError(f"multihop-synth has the splits 'dev' and 'train' (2Wiki train questions, for tuning), not {split!r}")
     sources = tuple(files) if sources is None else sources
     unknown = [s for s in sources if s not in files]
     if unknown:
@@ -508,6 +508,7 @@ def build_multihop_synth(
 # --------------------------------------------------------------------------- custom collections
 
 _CUSTOM_KEYS = {"id", "question", "answers", "options", "label", "gold", "meta"}
+_TEXT_SUFFIXES = {".txt", ".md"}
 CLAIM_LABELS = ("TRUE", "FALSE")
 
 
@@ -548,9 +549,7 @@ def _validate_custom(
     elif answers is None and options is None:
         raise DatasetError(f"{where}: give 'answers' (list of strings), 'options' with 'label', or a claim's 'label' "
                            f"({' or '.join(CLAIM_LABELS)})")
-    if out.get("claim"):
-        pass
-    elif answers is not None:
+    if answers is not None:
         if not _is_str_list(answers) or not any(a.strip() for a in answers):
             raise DatasetError(f"{where}: 'answers' must be a list of strings with at least one non-empty")
         out["answers"] = [a for a in answers if a.strip()]
@@ -610,12 +609,12 @@ def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: s
     the file and line, not a silently unscorable data set.
     """
     texts_dir, questions_jsonl = Path(texts_dir), Path(questions_jsonl)
-    single = texts_dir.is_file() and texts_dir.suffix.lower() in {".txt", ".md"}
+    single = texts_dir.is_file() and texts_dir.suffix.lower() in _TEXT_SUFFIXES
     if not (single or texts_dir.is_dir()):
         raise DatasetError(f"{texts_dir}: not a .txt/.md file or a folder of them")
     if not questions_jsonl.is_file():
         raise DatasetError(f"{questions_jsonl}: questions file not found")
-    files = [texts_dir] if single else sorted(p for p in texts_dir.iterdir() if p.is_file() and p.suffix.lower() in {".txt", ".md"})
+    files = [texts_dir] if single else sorted(p for p in texts_dir.iterdir() if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES)
     if not files:
         raise DatasetError(f"{texts_dir}: no .txt or .md files")
     texts: dict[str, str] = {}

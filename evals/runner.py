@@ -278,8 +278,6 @@ def prepare_parts(
     home = mia_home() / "datasets"
     try:
         if dataset == "multihop-synth":
-            if split not in ("dev", "train"):
-                raise ValueError(f"multihop-synth has the splits 'dev' and 'train' (2Wiki train questions, for tuning), not {split!r}")
             suffix = "" if split == "dev" else f"-{split}"
             return [
                 _part(BUILDERS[dataset](home / f"multihop-synth-{n}-seed{seed}{suffix}", target_tokens=n, seed=seed, split=split),

@@ -135,7 +135,7 @@ def trimmed(answer: str, question: str) -> str:
         return match.group(1).capitalize()
     if (options := _OPTIONS.search(question)) is not None and not _NEGATION.search(answer):
         bare = [(o, _PARENTHESIS.sub("", o).strip()) for o in options.groups()]
-        named = [o for o, b in bare if b and re.search(rf"(?<!\w){re.escape(b)}(?!\w)", answer, flags=re.IGNORECASE)]
+        named = [o for o, b in bare if b and _says(answer, b)]
         if len(named) == 1:
             return named[0]
     words = _WORD.findall(answer)
@@ -180,14 +180,24 @@ def trimmed(answer: str, question: str) -> str:
     return " ".join(words[first:last + 1]).strip(" ,.;:") if named(first) else answer
 
 
+def _says(text: str, phrase: str) -> bool:
+    """Whether ``text`` holds ``phrase`` as whole words ("Rush" is not in "Rushmore"), any case."""
+    return re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", text, flags=re.IGNORECASE) is not None
+
+
+def _with_markers(phrase: str, numbers: Sequence[str | int]) -> str:
+    """A cut answer followed by the reply's citation markers, each once, in their order."""
+    return f"{phrase} " + "".join(f"[{n}]" for n in dict.fromkeys(numbers))
+
+
 def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, style: OpenAnswer, question: str,
          node: str, n_passages: int) -> tuple[str, str | None, dict[str, Any]]:
     """One answer in ``style``: (the reply with [n] markers, its message id, usage).
 
     ``trim`` cuts the reply with ``trimmed`` (no model call); ``schema`` decodes ``ShortAnswer``
-    under the grammar and writes it back as "phrase [n]"; ``extract`` asks a second, short call for the phrase inside a long reply and keeps it only
-    when it is a span of that reply (whole words), so the step can shorten an answer but never
-    change it.
+    under the grammar and writes it back as "phrase [n]"; ``extract`` asks a second, short call
+    for the phrase inside a long reply and keeps it only when it is a span of that reply (whole
+    words), so the step can shorten an answer but never change it.
     """
     if fmt == "open" and style == "schema":
         parsed, raw = json_call(llm, messages, ShortAnswer)
@@ -195,20 +205,20 @@ def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, sty
             # Cut off or empty: the answer value if one can be read, else the reply as it came.
             found = re.search(r'"answer"\s*:\s*"((?:[^"\\]|\\.)+)', raw.text)
             return (found.group(1) if found else raw.text).strip(), raw.id, usage_of(raw, node)
-        cited = "".join(f"[{n}]" for n in dict.fromkeys(parsed.passages) if 1 <= n <= n_passages)
-        return f"{parsed.answer.strip()} {cited}".strip(), raw.id, usage_of(raw, node)
+        text = _with_markers(parsed.answer.strip(), [n for n in parsed.passages if 1 <= n <= n_passages])
+        return text.strip(), raw.id, usage_of(raw, node)
     raw = llm.invoke(messages)
     text, usage = raw.text.strip(), usage_of(raw, node)
     said = normalise_answer(text, fmt)
     if fmt == "open" and style == "trim" and (short := trimmed(said, question)) != said:
-        text = f"{short} " + "".join(f"[{n}]" for n in dict.fromkeys(_CITE.findall(text)))
+        text = _with_markers(short, _CITE.findall(text))
     elif fmt == "open" and style == "extract" and len(said.split()) > EXTRACT_OVER_WORDS:
         short = llm.with_config(tags=["nostream"]).invoke(
             prompts.messages("extract", question=question, answer=prompts.fence(said, tag="answer", guard=False)))
         usage = merge_usage(usage, usage_of(short, node))
         phrase = normalise_answer(short.text, fmt).strip(' "\'')
-        if re.search(r"\w", phrase) and re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", said, flags=re.IGNORECASE):
-            text = f"{phrase} " + "".join(f"[{n}]" for n in dict.fromkeys(_CITE.findall(text)))
+        if re.search(r"\w", phrase) and _says(said, phrase):
+            text = _with_markers(phrase, _CITE.findall(text))
     return text.strip(), raw.id, usage
 
 
