@@ -90,6 +90,31 @@ def recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int) -> floa
     return hit / len(gold)
 
 
+def strict_recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int, share: float = 0.5) -> float:
+    """Share of gold spans that one of the top-k chunks mostly is or mostly holds: at least
+    ``share`` of the chunk lies inside the span, or the chunk holds at least ``share`` of the span.
+
+    Plain overlap (``recall_at_k``) lets a chunk that straddles a boundary hit the spans on both
+    sides, so it rewards chunkers for where they cut: fixed windows straddle most section
+    boundaries, chunks that end at a paragraph few. This rule credits a chunk only with the span it
+    is mostly about, so chunkers are compared on what they retrieve.
+    """
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    if not gold:
+        raise ValueError("recall is undefined without gold spans; skip such questions")
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+
+    def covers(chunk: Span, span: Span) -> bool:
+        (book, start, end), (g_book, g_start, g_end) = chunk, span
+        inside = min(end, g_end) - max(start, g_start)
+        return book == g_book and inside > 0 and (inside >= share * (end - start) or inside >= share * (g_end - g_start))
+
+    top = retrieved[:k]
+    return sum(any(covers(chunk, span) for chunk in top) for span in gold) / len(gold)
+
+
 def _letter(choice: str) -> str:
     return choice.strip().strip("().:").strip().upper()
 

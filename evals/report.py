@@ -22,7 +22,9 @@ from matplotlib.figure import Figure
 
 from evals.metrics import bootstrap_ci, pair_accuracy, paired_bootstrap_ci
 
-SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20", "f1", "em", "sub_em", "accuracy", "claim_accuracy")
+SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20",
+                 "strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
+                 "f1", "em", "sub_em", "accuracy", "claim_accuracy")
 COST_METRICS = ("llm_calls", "prompt_tokens", "generated_tokens", "seconds")
 PRIMARY_SCORES = ("f1", "accuracy", "claim_accuracy", "recall@10", "recall@5", "recall@1")
 """The score plotted against source length: the answer metric when there is one, else recall."""
@@ -214,7 +216,8 @@ def _value(record: dict[str, Any], metric: str) -> float:
 
 
 def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int) -> bool:
-    """Recall@k curves with their intervals; False (no file) when no system has gold-span recall."""
+    """Recall@k curves with their intervals, and strict recall@k dashed in the same colour where the
+    results have it; False (no file) when no system has gold-span recall."""
     fig = Figure(figsize=(7 + 3 * (len(systems) > 4), 4.5), layout="constrained")
     ax = fig.add_subplot()
     drawn = False
@@ -224,15 +227,18 @@ def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: S
         if not ks:
             continue
         stats = np.array([bootstrap_ci(values[f"recall@{k}"], seed=seed) for k in ks])
-        ax.errorbar(ks, stats[:, 0], yerr=[stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]],
-                    marker="o", capsize=3, label=name)
+        bars = ax.errorbar(ks, stats[:, 0], yerr=[stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]],
+                           marker="o", capsize=3, label=name)
+        if all(f"strict_recall@{k}" in values for k in ks):
+            ax.plot(ks, [np.mean(values[f"strict_recall@{k}"]) for k in ks], linestyle="--", marker=".",
+                    color=bars.lines[0].get_color(), label=f"{name} (strict)")
         drawn = True
     if not drawn:
         return False
     ax.set_xscale("log")
     ax.set_xticks([1, 5, 10, 20], labels=["1", "5", "10", "20"])
     ax.set_xlabel("k (chunks retrieved)")
-    ax.set_ylabel("Recall@k (%)")
+    ax.set_ylabel("Recall@k (%); dashed: strict recall@k")
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize="x-small")
     fig.savefig(path, dpi=120)

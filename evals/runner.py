@@ -404,6 +404,7 @@ def score_question(
         for k in RECALL_KS:
             if len(spans) >= min(k, available):
                 scores[f"recall@{k}"] = 100.0 * metrics.recall_at_k(spans, gold, k)
+                scores[f"strict_recall@{k}"] = 100.0 * metrics.strict_recall_at_k(spans, gold, k)
     if retrieval_only:
         return scores
     if question.get("claim"):
@@ -436,6 +437,11 @@ def _open(name: str) -> _Opened:
     return _Opened(store, store.chunks.count(), version)
 
 
+def _spans(opened: _Opened, ids: Sequence[str], book_map: dict[str, str]) -> list[metrics.Span]:
+    return [(book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"]))
+            for r in opened.store.chunk_records(list(ids), documents=False)]
+
+
 def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, Any]:
     question = job.question
     payload: dict[str, Any] = {"question": question["question"]}
@@ -453,10 +459,7 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     state = graph.invoke(payload, context=context_from(overrides))
     seconds = time.perf_counter() - started
     ids = [r["id"] for r in state.get("retrieved") or []]
-    spans = [
-        (book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"]))
-        for r in opened.store.chunk_records(ids, documents=False)
-    ]
+    spans = _spans(opened, ids, book_map)
     answer = str(state.get("answer") or "")
     usage = state.get("usage") or {}
     return {
@@ -508,6 +511,32 @@ def load_cached(path: Path) -> dict[JobKey, dict[str, Any]]:
             if "index" in record:
                 cached[_job_key(record["config"], record["index"], record["part"], record["id"])] = record
     return cached
+
+
+def _scored_as_now(record: dict[str, Any]) -> bool:
+    """Whether a result carries every recall score ``score_question`` gives today."""
+    scores = record.get("scores", {})
+    return all(f"strict_{name}" in scores for name in scores if name.startswith("recall@"))
+
+
+def rescore_recall(stale: dict[JobKey, Job], cached: dict[JobKey, dict[str, Any]], results_path: Path,
+                   opened: dict[str, _Opened], book_maps: dict[str, dict[str, str]]) -> None:
+    """Give results written before strict recall existed its scores, from their retrieved chunk ids.
+
+    Their key holds the collection's content version, so the ids name the very chunks they
+    retrieved then; nothing is asked again. The rescored record is appended, and the last record
+    of a key is the one that counts.
+    """
+    if not stale:
+        return
+    _end_torn_line(results_path)
+    with results_path.open("a", encoding="utf-8") as sink:
+        for key, job in stale.items():
+            record, store = cached[key], opened[job.collection]
+            spans = _spans(store, record["retrieved"], book_maps[job.part.tag])
+            recall = score_question(job.question, "", spans, store.size, retrieval_only=True)
+            cached[key] = {**record, "scores": {**record["scores"], **recall}}
+            sink.write(json.dumps(cached[key], ensure_ascii=False) + "\n")
 
 
 def adopt_results(sources: Sequence[Path], keys: Sequence[JobKey], cached: dict[JobKey, dict[str, Any]],
@@ -641,6 +670,8 @@ def run_eval(
     cached = load_cached(results_path)
     keys = [_job_key(j.variant.fingerprint, opened[j.collection].version, j.part.tag, j.question["id"]) for j in jobs]
     adopt_results(reuse, keys, cached, results_path)
+    rescore_recall({key: job for job, key in zip(jobs, keys) if key in cached and not _scored_as_now(cached[key])},
+                   cached, results_path, opened, book_maps)
     todo = list({key: job for job, key in zip(jobs, keys) if key not in cached}.values())
     fresh = {
         _job_key(r["config"], r["index"], r["part"], r["id"]): r

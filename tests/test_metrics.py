@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from evals.metrics import (
@@ -13,6 +15,7 @@ from evals.metrics import (
     pair_accuracy,
     paired_bootstrap_ci,
     recall_at_k,
+    strict_recall_at_k,
     sub_em,
 )
 
@@ -75,6 +78,39 @@ def test_recall_at_k() -> None:
         recall_at_k(retrieved, [], 3)
     with pytest.raises(ValueError):
         recall_at_k(retrieved, gold, 0)
+
+
+def test_strict_recall_at_k() -> None:
+    gold = [("b1", 100, 200), ("b1", 200, 400)]  # two adjacent sections of 100 and 200 characters
+    # a window straddling the boundary: 30 characters in the first, 170 in the second
+    straddling = ("b1", 170, 370)
+    assert recall_at_k([straddling], gold, 1) == 1.0  # plain overlap credits both sections
+    assert strict_recall_at_k([straddling], gold, 1) == pytest.approx(1 / 2)  # it is mostly the second
+    # exactly half of the chunk inside a span counts; just under half of both does not
+    assert strict_recall_at_k([("b1", 50, 150)], gold[:1], 1) == 1.0
+    assert strict_recall_at_k([("b1", 49, 149)], gold[:1], 1) == 0.0  # 49 of its 100 characters, 49% of the span
+    assert strict_recall_at_k([("b1", 0, 151)], gold[:1], 1) == 1.0  # a third of the chunk, but 51% of the span
+    assert strict_recall_at_k([("b1", 0, 149)], gold[:1], 1) == 0.0  # 49 of 149 characters, 49% of the span
+    assert strict_recall_at_k([("b1", 150, 200)], gold[:1], 1) == 1.0  # wholly inside, however small
+    assert strict_recall_at_k([("b2", 100, 200)], gold[:1], 1) == 0.0  # other book
+    assert strict_recall_at_k([("b1", 0, 99), ("b1", 100, 200)], gold, 1) == 0.0
+    assert strict_recall_at_k([("b1", 0, 99), ("b1", 100, 200)], gold, 2) == pytest.approx(1 / 2)
+    with pytest.raises(ValueError):
+        strict_recall_at_k([straddling], [], 1)
+    with pytest.raises(ValueError):
+        strict_recall_at_k([straddling], gold, 0)
+
+
+def test_strict_recall_never_exceeds_overlap_recall() -> None:
+    """Brute force over small random layouts: the strict rule only takes credit away, and a chunk
+    equal to a gold span always counts."""
+    rng = random.Random(0)
+    for _ in range(500):
+        gold = [("b", s, s + rng.randint(1, 30)) for s in rng.sample(range(100), 3)]
+        retrieved = [("b", s, s + rng.randint(1, 40)) for s in (rng.randint(0, 110) for _ in range(5))]
+        for k in (1, 3, 5):
+            assert strict_recall_at_k(retrieved, gold, k) <= recall_at_k(retrieved, gold, k)
+        assert strict_recall_at_k([gold[0]], gold, 1) >= 1 / 3
 
 
 def test_choice_and_pair_accuracy() -> None:

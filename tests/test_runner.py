@@ -103,8 +103,9 @@ def test_json_output_shape(retrieval_run: tuple[Path, dict[str, Any]], tiny: Dat
     assert list(summary["systems"]) == ["rag", "mia_rag"]
     for row in summary["systems"].values():
         # retrieval only: answer metrics do not apply and are omitted; costs are zero, not missing
-        assert set(row) == {"recall@1", "recall@5", "recall@10", "recall@20", "llm_calls", "prompt_tokens",
-                            "generated_tokens", "seconds"}
+        assert set(row) == {"recall@1", "recall@5", "recall@10", "recall@20", "strict_recall@1", "strict_recall@5",
+                            "strict_recall@10", "strict_recall@20", "llm_calls", "prompt_tokens", "generated_tokens", "seconds"}
+        assert all(row[f"strict_recall@{k}"] <= row[f"recall@{k}"] for k in (1, 5, 10, 20))
         assert row["llm_calls"] == row["prompt_tokens"] == row["generated_tokens"] == 0
 
 
@@ -213,6 +214,29 @@ def test_reuse_adopts_identical_jobs_from_another_run(tiny: Dataset, tmp_path: P
     with pytest.raises(ValueError, match="no results.jsonl there"):
         run("fourth", 1, [tmp_path / "missing"])
     assert not (tmp_path / "fourth").exists()
+
+
+@needs_data
+@pytest.mark.slow
+def test_results_from_before_strict_recall_are_rescored_not_rerun(retrieval_run: tuple[Path, dict[str, Any]],
+                                                                   tiny: Dataset, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    out, summary = retrieval_run
+    old = tmp_path / "old"
+    old.mkdir()
+    with (out / "results.jsonl").open(encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle]
+    for record in records:
+        record["scores"] = {k: v for k, v in record["scores"].items() if not k.startswith("strict_")}
+    (old / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    fake = CountingGraph({})
+    monkeypatch.setattr(registry, "load_graph", lambda name: fake)
+    again = runner.run_eval(str(tiny.dir), None, ["rag", "mia_rag"], retrieval_only=True, out=old,
+                            settings={"window": "2"}, seed=3, progress=False)
+    assert fake.calls == []  # every question was finished: rescored from its retrieved ids, not asked again
+    for system, row in summary["systems"].items():
+        for k in (1, 5, 10, 20):
+            assert again.summary["systems"][system][f"strict_recall@{k}"] == pytest.approx(row[f"strict_recall@{k}"])
 
 
 def test_variants_and_sweeps() -> None:
