@@ -2,7 +2,8 @@
 
 Answer metrics follow the SQuAD conventions so numbers are comparable with the papers we reproduce;
 each takes one prediction and a list of acceptable golds and scores the best gold. Recall@k works on
-character spans, so it does not care how a system chunked its sources. Confidence intervals are
+character spans, so it is defined whatever the chunk size; strict recall@k also asks how much of a
+chunk or of the gold span they share, so it can tell chunkers apart. Confidence intervals are
 percentile bootstraps with a fixed seed, so a rerun reports the same interval.
 """
 
@@ -95,9 +96,9 @@ def strict_recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int, 
     ``share`` of the chunk lies inside the span, or the chunk holds at least ``share`` of the span.
 
     Plain overlap (``recall_at_k``) lets a chunk that straddles a boundary hit the spans on both
-    sides, so it rewards chunkers for where they cut: fixed windows straddle most section
-    boundaries, chunks that end at a paragraph few. This rule credits a chunk only with the span it
-    is mostly about, so chunkers are compared on what they retrieve.
+    sides, so it rewards chunkers for where they cut: a fixed window that crosses a section
+    boundary is credited with both sections, a chunk that ends at the paragraph with one. This rule
+    credits a chunk with a span only when it mostly is that span or holds most of it.
     """
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")

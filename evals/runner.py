@@ -439,7 +439,7 @@ def _open(name: str) -> _Opened:
 
 def _spans(opened: _Opened, ids: Sequence[str], book_map: dict[str, str]) -> list[metrics.Span]:
     return [(book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"]))
-            for r in opened.store.chunk_records(list(ids), documents=False)]
+            for r in opened.store.chunk_records(ids, documents=False)]
 
 
 def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, Any]:
@@ -521,7 +521,8 @@ def _scored_as_now(record: dict[str, Any]) -> bool:
 
 def rescore_recall(stale: dict[JobKey, Job], cached: dict[JobKey, dict[str, Any]], results_path: Path,
                    opened: dict[str, _Opened], book_maps: dict[str, dict[str, str]]) -> None:
-    """Give results written before strict recall existed its scores, from their retrieved chunk ids.
+    """Give results written before strict recall existed their recall scores again, from their
+    retrieved chunk ids, replacing the old ones so that the record is consistent whatever it held.
 
     Their key holds the collection's content version, so the ids name the very chunks they
     retrieved then; nothing is asked again. The rescored record is appended, and the last record
@@ -535,7 +536,8 @@ def rescore_recall(stale: dict[JobKey, Job], cached: dict[JobKey, dict[str, Any]
             record, store = cached[key], opened[job.collection]
             spans = _spans(store, record["retrieved"], book_maps[job.part.tag])
             recall = score_question(job.question, "", spans, store.size, retrieval_only=True)
-            cached[key] = {**record, "scores": {**record["scores"], **recall}}
+            kept = {name: value for name, value in record["scores"].items() if "recall@" not in name}
+            cached[key] = {**record, "scores": {**kept, **recall}}
             sink.write(json.dumps(cached[key], ensure_ascii=False) + "\n")
 
 

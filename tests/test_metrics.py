@@ -86,12 +86,17 @@ def test_strict_recall_at_k() -> None:
     straddling = ("b1", 170, 370)
     assert recall_at_k([straddling], gold, 1) == 1.0  # plain overlap credits both sections
     assert strict_recall_at_k([straddling], gold, 1) == pytest.approx(1 / 2)  # it is mostly the second
-    # exactly half of the chunk inside a span counts; just under half of both does not
-    assert strict_recall_at_k([("b1", 50, 150)], gold[:1], 1) == 1.0
-    assert strict_recall_at_k([("b1", 49, 149)], gold[:1], 1) == 0.0  # 49 of its 100 characters, 49% of the span
-    assert strict_recall_at_k([("b1", 0, 151)], gold[:1], 1) == 1.0  # a third of the chunk, but 51% of the span
-    assert strict_recall_at_k([("b1", 0, 149)], gold[:1], 1) == 0.0  # 49 of 149 characters, 49% of the span
+    wide = [("b1", 100, 300)]
+    # the chunk's rule alone: half of the chunk inside a span counts (a quarter of the span), under half does not
+    assert strict_recall_at_k([("b1", 50, 150)], wide, 1) == 1.0
+    assert strict_recall_at_k([("b1", 51, 151)], wide, 1) == 1.0  # 49 of 100 outside: 51% inside
+    assert strict_recall_at_k([("b1", 49, 149)], wide, 1) == 0.0  # 49% of the chunk, 24.5% of the span
+    # the span's rule alone: a chunk holding half of a span counts, however large the chunk
+    assert strict_recall_at_k([("b1", 0, 400)], [("b1", 300, 500)], 1) == 1.0  # half of the span, a quarter of the chunk
+    assert strict_recall_at_k([("b1", 0, 399)], [("b1", 300, 500)], 1) == 0.0  # 49.5% of the span, 25% of the chunk
+    assert strict_recall_at_k([("b1", 0, 600)], wide, 1) == 1.0  # all of the span, a third of the chunk
     assert strict_recall_at_k([("b1", 150, 200)], gold[:1], 1) == 1.0  # wholly inside, however small
+    assert strict_recall_at_k([("b1", 150, 150)], gold[:1], 1) == 0.0  # an empty chunk holds nothing
     assert strict_recall_at_k([("b2", 100, 200)], gold[:1], 1) == 0.0  # other book
     assert strict_recall_at_k([("b1", 0, 99), ("b1", 100, 200)], gold, 1) == 0.0
     assert strict_recall_at_k([("b1", 0, 99), ("b1", 100, 200)], gold, 2) == pytest.approx(1 / 2)
@@ -99,18 +104,33 @@ def test_strict_recall_at_k() -> None:
         strict_recall_at_k([straddling], [], 1)
     with pytest.raises(ValueError):
         strict_recall_at_k([straddling], gold, 0)
+    for share in (0.0, 1.01):
+        with pytest.raises(ValueError):
+            strict_recall_at_k([straddling], gold, 1, share=share)
 
 
-def test_strict_recall_never_exceeds_overlap_recall() -> None:
-    """Brute force over small random layouts: the strict rule only takes credit away, and a chunk
-    equal to a gold span always counts."""
+def test_strict_recall_matches_brute_force_over_characters() -> None:
+    """Random small layouts scored by counting characters as sets, against the interval arithmetic."""
     rng = random.Random(0)
+
+    def reference(retrieved: list[tuple[str, int, int]], gold: list[tuple[str, int, int]], k: int, share: float) -> float:
+        hits = 0
+        for g_book, g_start, g_end in gold:
+            span = set(range(g_start, g_end))
+            hits += any(
+                book == g_book and (inside := len(span & set(range(start, end)))) > 0
+                and (inside >= share * (end - start) or inside >= share * len(span))
+                for book, start, end in retrieved[:k]
+            )
+        return hits / len(gold)
+
     for _ in range(500):
-        gold = [("b", s, s + rng.randint(1, 30)) for s in rng.sample(range(100), 3)]
-        retrieved = [("b", s, s + rng.randint(1, 40)) for s in (rng.randint(0, 110) for _ in range(5))]
+        gold = [(rng.choice("ab"), s, s + rng.randint(1, 30)) for s in rng.sample(range(100), 3)]
+        retrieved = [(rng.choice("ab"), s, s + rng.randint(0, 40)) for s in (rng.randint(0, 110) for _ in range(5))]
+        share = rng.choice((0.5, 0.25, 1.0))
         for k in (1, 3, 5):
-            assert strict_recall_at_k(retrieved, gold, k) <= recall_at_k(retrieved, gold, k)
-        assert strict_recall_at_k([gold[0]], gold, 1) >= 1 / 3
+            assert strict_recall_at_k(retrieved, gold, k, share) == pytest.approx(reference(retrieved, gold, k, share))
+            assert strict_recall_at_k(retrieved, gold, k, share) <= recall_at_k(retrieved, gold, k)
 
 
 def test_choice_and_pair_accuracy() -> None:

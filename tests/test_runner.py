@@ -231,12 +231,21 @@ def test_results_from_before_strict_recall_are_rescored_not_rerun(retrieval_run:
     (old / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     fake = CountingGraph({})
     monkeypatch.setattr(registry, "load_graph", lambda name: fake)
-    again = runner.run_eval(str(tiny.dir), None, ["rag", "mia_rag"], retrieval_only=True, out=old,
-                            settings={"window": "2"}, seed=3, progress=False)
+
+    def rerun() -> runner.EvalResults:
+        return runner.run_eval(str(tiny.dir), None, ["rag", "mia_rag"], retrieval_only=True, out=old,
+                               settings={"window": "2"}, seed=3, progress=False)
+
+    again = rerun()
     assert fake.calls == []  # every question was finished: rescored from its retrieved ids, not asked again
     for system, row in summary["systems"].items():
         for k in (1, 5, 10, 20):
-            assert again.summary["systems"][system][f"strict_recall@{k}"] == pytest.approx(row[f"strict_recall@{k}"])
+            for metric in (f"recall@{k}", f"strict_recall@{k}"):
+                assert again.summary["systems"][system][metric] == pytest.approx(row[metric])
+    lines = (old / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 * len(records)  # one rescored copy appended per old record
+    rerun()
+    assert len((old / "results.jsonl").read_text(encoding="utf-8").splitlines()) == len(lines)  # settled
 
 
 def test_variants_and_sweeps() -> None:
