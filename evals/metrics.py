@@ -79,16 +79,7 @@ def recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int) -> floa
     Overlap, not containment, so the score is defined whatever the chunk size: a chunk hits a gold
     span when both are in the same book and their half-open intervals intersect.
     """
-    if k <= 0:
-        raise ValueError(f"k must be positive, got {k}")
-    if not gold:
-        raise ValueError("recall is undefined without gold spans; skip such questions")
-    top = retrieved[:k]
-    hit = sum(
-        any(book == g_book and start < g_end and g_start < end for book, start, end in top)
-        for g_book, g_start, g_end in gold
-    )
-    return hit / len(gold)
+    return _recall(retrieved, gold, k, share=0.0)
 
 
 def strict_recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int, share: float = 0.5) -> float:
@@ -100,20 +91,26 @@ def strict_recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int, 
     boundary is credited with both sections, a chunk that ends at the paragraph with one. This rule
     credits a chunk with a span only when it mostly is that span or holds most of it.
     """
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    return _recall(retrieved, gold, k, share)
+
+
+def _recall(retrieved: Sequence[Span], gold: Sequence[Span], k: int, share: float) -> float:
+    """Both recalls: a chunk hits a span of its book that it overlaps by at least ``share`` of its
+    own length or of the span's (``share`` 0: any overlap at all)."""
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")
     if not gold:
         raise ValueError("recall is undefined without gold spans; skip such questions")
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share}")
 
-    def covers(chunk: Span, span: Span) -> bool:
+    def hits(chunk: Span, span: Span) -> bool:
         (book, start, end), (g_book, g_start, g_end) = chunk, span
         inside = min(end, g_end) - max(start, g_start)
         return book == g_book and inside > 0 and (inside >= share * (end - start) or inside >= share * (g_end - g_start))
 
     top = retrieved[:k]
-    return sum(any(covers(chunk, span) for chunk in top) for span in gold) / len(gold)
+    return sum(any(hits(chunk, span) for chunk in top) for span in gold) / len(gold)
 
 
 def _letter(choice: str) -> str:
