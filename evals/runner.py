@@ -31,8 +31,9 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -530,15 +531,14 @@ def rescore_recall(stale: dict[JobKey, Job], cached: dict[JobKey, dict[str, Any]
     """
     if not stale:
         return
-    _end_torn_line(results_path)
-    with results_path.open("a", encoding="utf-8") as sink:
+    with _appending(results_path) as append:
         for key, job in stale.items():
             record, store = cached[key], opened[job.collection]
             spans = _spans(store, record["retrieved"], book_maps[job.part.tag])
             recall = score_question(job.question, "", spans, store.size, retrieval_only=True)
             kept = {name: value for name, value in record["scores"].items() if "recall@" not in name}
             cached[key] = {**record, "scores": {**kept, **recall}}
-            sink.write(json.dumps(cached[key], ensure_ascii=False) + "\n")
+            append(cached[key])
 
 
 def adopt_results(sources: Sequence[Path], keys: Sequence[JobKey], cached: dict[JobKey, dict[str, Any]],
@@ -554,15 +554,27 @@ def adopt_results(sources: Sequence[Path], keys: Sequence[JobKey], cached: dict[
     wanted = [key for key in dict.fromkeys(keys) if key not in cached]
     if not sources or not wanted:
         return
-    _end_torn_line(results_path)
-    with results_path.open("a", encoding="utf-8") as sink:
+    with _appending(results_path) as append:
         for source in sources:
             theirs = load_cached(source / RESULTS_FILE)
             for key in wanted:
                 if key in theirs and key not in cached:
                     record = {"reused_from": str(source), **theirs[key]}
-                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    append(record)
                     cached[key] = record
+
+
+@contextmanager
+def _appending(path: Path) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """A writer of result records to ``path``, one JSON line each, flushed as written, after a line
+    that a killed run left unfinished has been ended."""
+    _end_torn_line(path)
+    with path.open("a", encoding="utf-8") as sink:
+        def append(record: dict[str, Any]) -> None:
+            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+            sink.flush()
+
+        yield append
 
 
 def _end_torn_line(path: Path) -> None:
@@ -586,15 +598,13 @@ def _execute(jobs: Sequence[Job], results_path: Path, concurrency: int, progress
     if concurrency < 1:
         raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
     lock = threading.Lock()
-    _end_torn_line(results_path)
-    with results_path.open("a", encoding="utf-8") as sink, \
+    with _appending(results_path) as append, \
             tqdm(total=len(jobs), desc="questions", unit="q", disable=not progress) as bar, \
             ThreadPoolExecutor(max_workers=concurrency) as pool:
         def run(job: Job) -> dict[str, Any]:
             record = _run_job(job, opened[job.collection], book_maps[job.part.tag])
             with lock:
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-                sink.flush()
+                append(record)
                 bar.update(1)
             return record
 
