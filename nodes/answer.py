@@ -138,8 +138,6 @@ def trimmed(answer: str, question: str) -> str:
         named = [o for o, b in bare if b and _says(answer, b)]
         if len(named) == 1:
             return named[0]
-        if len(named) == 2 and (pick := _opening_pick(answer, bare, question)):
-            return pick
     words = _WORD.findall(answer)
     if len(words) <= TRIM_OVER_WORDS or _EXPLAINED.match(question):
         return answer
@@ -182,21 +180,6 @@ def trimmed(answer: str, question: str) -> str:
     # that holds a copula (a clause, not a name), stays whole.
     cut = words[first:last + 1]
     return " ".join(cut).strip(" ,.;:") if named(first) and not _COPULA & {w.casefold() for w in cut} else answer
-
-
-def _opening_pick(answer: str, options: Sequence[tuple[str, str]], question: str) -> str:
-    """The option (as the question wrote it) that a reply naming both opens with, when what follows it up to
-    the clause's end or "than" only repeats the question: "Kristine Saastad was born earlier, Zhang Yangming"
-    asked "Who was born earlier, Kristine Saastad or Zhang Yangming?" picks Kristine Saastad, but "X was born
-    later than Y" is no pick, for "later" is not what was asked."""
-    asked = set(tokenize(question, stem=True))
-    for option, bare in options:
-        if bare and re.match(rf"{re.escape(bare)}(?!\w)", answer.strip(), flags=re.IGNORECASE):
-            clause = re.split(r"[,.;:]|\bthan\b", answer.strip()[len(bare):], maxsplit=1, flags=re.IGNORECASE)[0]
-            terms = [t for t in tokenize(clause, stem=True) if t not in _FUNCTION]
-            if terms and set(terms) <= asked:
-                return option
-    return ""
 
 
 def _says(text: str, phrase: str) -> bool:

@@ -160,18 +160,11 @@ def test_each_style_prompts_its_rule(style: str, words: str) -> None:
     ("David Luna Sánchez is older", "Who is older, David Dzakhov or David Luna Sánchez?", "David Luna Sánchez"),
     ("Crime After Crime is a 2011 documentary film", "Which film came out first, The Mayor (1915) or Crime After Crime (film)?",
      "Crime After Crime (film)"),
-    # A reply naming both options picks the one it opens with when the rest of its clause only repeats the question.
-    ("Kristine Saastad was born earlier, Zhang Yangming", "Who was born earlier, Kristine Saastad or Zhang Yangming?",
-     "Kristine Saastad"),
-    ("V Trestném Území was released more recently than True Bromance",
-     "Which film was released more recently, True Bromance or V Trestném Území?", "V Trestném Území"),
-    ("Zhang Yangming was born later than Kristine Saastad", "Who was born earlier, Kristine Saastad or Zhang Yangming?",
-     "Zhang Yangming was born later than Kristine Saastad"),
     # A run of new words that holds a copula is a clause, not a name.
     ("Abbas Shirvanshah Ali was fourth independent Shah of Shirvan, after the death of his father Haytham II Shirvanshah",
      "Who is Abbas Shirvanshah's paternal grandfather?",
      "Abbas Shirvanshah Ali was fourth independent Shah of Shirvan, after the death of his father Haytham II Shirvanshah"),
-    # Left whole: both options named and more than the question said, an explanation, no restatement before the new words, a short reply.
+    # Left whole: both options named, an explanation, no restatement before the new words, a short reply.
     ("V Trestném Území was released more recently than True Bromance", "Which film is newer, True Bromance or V Trestném Území?",
      "V Trestném Území was released more recently than True Bromance"),
     ("Because they hated the Sorcerer, who had too much influence", "Why didn't the King like the advice?",
