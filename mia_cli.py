@@ -96,7 +96,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if unfinished["books"] or unfinished["chunks"]:
             named = f" ({', '.join(unfinished['books'])})" if unfinished["books"] else ""
             print(f"  unfinished ingestion{named}: {unfinished['chunks']} chunks not committed, invisible to queries; "
-                  f"rerun the same `mia ingest` to finish it")
+                  f"rerun the same `mia ingest` (or `mia rm {s['collection']} --book BOOK`) to finish it")
         for b in s["books"]:
             left_out = f", {b['left_out_tokens']} tokens of front/back matter left out" if b["left_out_tokens"] else ""
             flagged = (f", {b['instruction_spans']} instruction-like span(s), kept out of prompts unless injection_guard=false "
@@ -107,10 +107,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from stores.mindscape import delete_mindscape
+    from stores.mindscape import delete_mindscape, remove_book
 
-    delete_mindscape(args.collection)  # takes the store's writer lock itself
-    print(f"removed {args.collection}")
+    # Both take the store's writer lock themselves.
+    if args.book:
+        remove_book(args.collection, args.book)
+        print(f"removed book {args.book} from {args.collection}")
+    else:
+        delete_mindscape(args.collection)
+        print(f"removed {args.collection}")
     return 0
 
 
@@ -292,8 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("rm", help="delete a collection")
+    p = sub.add_parser("rm", help="delete a collection, or one book of it")
     p.add_argument("collection")
+    p.add_argument("--book", help="remove only this book (as `mia ls` names it); the rest of the collection stays")
     p.set_defaults(func=cmd_rm)
 
     from graph.registry import QUESTION_GRAPHS

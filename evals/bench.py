@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from evals.bench_llm import add_llm_bench
+from evals.bench_scale import add_scale_bench
 from evals.bench_serve import add_serve_bench
 from evals.web_page import add_web_bench
 from stores.settings import data_root
@@ -360,7 +361,8 @@ def add_retrieval_bench(benches: Any) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 # registration
 
-BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_serve_bench, add_llm_bench, add_web_bench]
+BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_scale_bench, add_serve_bench,
+                                                              add_llm_bench, add_web_bench]
 """One entry per ``mia bench`` subcommand, in the order ``mia bench --help`` lists them."""
 
 

@@ -23,7 +23,7 @@ def _lengths(text: str) -> list[int]:
     try:
         return [int(item) for item in _csv(text)]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--length takes token counts like 16000 or 16000,32000, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(f"expected token counts like 16000 or 16000,32000, got {text!r}") from exc
 
 
 def default_out(dataset: str, split: str | None, lengths: list[int], retrieval_only: bool) -> Path:
@@ -46,6 +46,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings=settings, sweeps=sweeps, concurrency=args.concurrency, progress=not args.json and not args.quiet,
         summarizer=args.summarizer, texts=args.texts, questions_file=args.questions, command=command_line(args, out),
         reuse=args.reuse or [], baselines=args.baseline or [], origins=_csv(args.origins) if args.origins else (),
+        interference=args.interference or (),
     )
     if args.json:
         print(json.dumps(results.summary))
@@ -70,6 +71,8 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
         argv += ["--limit", str(args.limit)]
     if args.origins:
         argv += ["--origins", args.origins]
+    if args.interference:
+        argv += ["--interference", ",".join(map(str, args.interference))]
     argv += ["--seed", str(args.seed)]
     for item in args.set or []:
         argv += ["--set", item]
@@ -112,6 +115,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="multihop-synth document length(s) in tokens (default 32000)")
     p.add_argument("--origins", help="fairytale-series: comma-separated FairytaleQA origin books to merge (default: "
                                      "norwegian, scottish, swedish and lilac fairybooks), e.g. scottish-fairybook")
+    p.add_argument("--interference", type=_lengths, metavar="TOKENS[,TOKENS...]",
+                   help="fairytale-series: add whole books of the shared books/ library (path order) until this many "
+                        "tokens are added, as interference; several sizes make one data set each, 0 none (recall at scale)")
     p.add_argument("--systems", required=True, help="comma-separated graph names, e.g. rag,mia_rag")
     p.add_argument("--retrieval-only", action="store_true",
                    help="stop after retrieval (no chat model); top_k defaults to 20 so recall@20 is defined")

@@ -242,6 +242,7 @@ def build_fairytale_series(
     origins: tuple[str, ...] = DEFAULT_ORIGINS,
     title_prefix: bool = False,
     data_root: Path | None = None,
+    interference_tokens: int = 0,
 ) -> Dataset:
     """One long book per FairytaleQA origin, questions from one split (MiA-Signature style).
 
@@ -249,7 +250,14 @@ def build_fairytale_series(
     are the retrieval interference the benchmark measures; only the questions are filtered by split.
     A question's gold spans are its ``cor_section`` sections inside the merged book. With
     ``title_prefix`` each question names its story, which removes most of that ambiguity.
+
+    ``interference_tokens`` adds whole books of the shared ``books/`` library after the fairy
+    books, in path order, until at least that many tokens are added (all of them when the library
+    is smaller): recall at scale, where the mindscape grows while the questions and their gold
+    spans (in the fairy books, which stay as they are) do not change.
     """
+    if interference_tokens < 0:
+        raise DatasetError(f"interference must be 0 or more tokens, got {interference_tokens}")
     if split not in SPLITS:
         raise DatasetError(f"split must be one of {SPLITS}, got {split!r}")
     root = _resolve_root(data_root)
@@ -260,7 +268,10 @@ def build_fairytale_series(
     if unknown:
         raise DatasetError(f"unknown FairytaleQA origins {unknown}; story_meta.csv has {sorted(known)}")
     name = "fairytale-series-titled" if title_prefix else "fairytale-series"
-    params = {"origins": list(origins), "title_prefix": title_prefix}
+    params: dict[str, Any] = {"origins": list(origins), "title_prefix": title_prefix}
+    library = _interference_books(root, interference_tokens) if interference_tokens else []
+    if library:  # only then: the params name the build and its collection, and must stay as before without
+        params["interference_tokens"] = interference_tokens
     by_split = base / "data-by-train-split"
     indexes = {
         (kind, s): _case_insensitive_index(_require(by_split / kind / s, root))
@@ -323,9 +334,26 @@ def build_fairytale_series(
                         },
                     })
             writer.add_book(origin, "".join(parts))
+        for path in library:
+            writer.add_book(f"library-{path.parent.name}-{path.stem}", read_source(path))
         return questions
 
-    return _build(out_dir, name, split, None, params, len(origins), fill)
+    return _build(out_dir, name, split, None, params, len(origins) + len(library), fill)
+
+
+def _interference_books(root: Path, tokens: int) -> list[Path]:
+    """The library's books in path order, as many as it takes to add ``tokens`` tokens."""
+    folder = _require(root / "books", root)
+    picked: list[Path] = []
+    added = 0
+    for path in sorted(folder.rglob("*.txt")):
+        if added >= tokens:
+            break
+        picked.append(path)
+        added += count_tokens(read_source(path))
+    if not picked:
+        raise DatasetError(f"{folder} holds no .txt books to add as interference")
+    return picked
 
 
 # --------------------------------------------------------------------------- synthetic multi-hop

@@ -161,7 +161,32 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
                 sub_values = metric_values(subset)
                 cells = [f"{np.mean(sub_values[m]):.{DECIMALS.get(m, 1)}f}" if m in sub_values else "–" for m in columns]
                 lines.append(f"| {name} | {part['length']} | " + " | ".join(cells) + " |")
+        for baseline in baselines or _default_baselines(systems):
+            lines += _paired_by_part(run, grouped, systems, baseline, seed)
         lines += _growth(run, grouped, systems)
+    return lines
+
+
+def _paired_by_part(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str],
+                    baseline: str, seed: int) -> list[str]:
+    """The paired difference against ``baseline`` at each length on its own: whether a margin
+    grows with the source is a claim about these rows, which the pooled table above cannot show."""
+    columns = [m for m in SCORE_METRICS if any(m in metric_values(grouped[n]) for n in systems)]
+    lines = ["", f"## Paired difference against `{baseline}` by source length (95% paired bootstrap interval)", "",
+             "| system | length | questions | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
+    for name in systems:
+        if name == baseline:
+            continue
+        for part in run["parts"]:
+            base = _aligned([r for r in grouped[baseline] if r["part"] == part["tag"]])
+            mine = _aligned([r for r in grouped[name] if r["part"] == part["tag"]])
+            keys = [k for k in mine if k in base]
+            cells = []
+            for metric in columns:
+                pairs = [(mine[k], base[k]) for k in keys if metric in mine[k]["scores"] and metric in base[k]["scores"]]
+                cells.append(_fmt(metric, paired_bootstrap_ci([_value(a, metric) for a, _ in pairs],
+                                                              [_value(b, metric) for _, b in pairs], seed=seed)) if pairs else "–")
+            lines.append(f"| {name} | {part['length']} | {len(keys)} | " + " | ".join(cells) + " |")
     return lines
 
 

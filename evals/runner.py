@@ -253,8 +253,10 @@ def prepare_parts(
     texts: Path | None = None,
     questions_file: Path | None = None,
     origins: Sequence[str] = (),
+    interference: Sequence[int] = (),
 ) -> list[Part]:
-    """Build (or reuse) the data set(s) of a run: one per length for multihop-synth, else one.
+    """Build (or reuse) the data set(s) of a run: one per length for multihop-synth, one per
+    interference size for a fairytale series with ``interference``, else one.
 
     ``dataset`` is a builder name or the folder of an already built data set. Missing shared data
     surfaces as ``ValueError`` so the CLI reports it as a user error, not a traceback.
@@ -275,6 +277,8 @@ def prepare_parts(
         raise ValueError("--texts and --questions apply to --dataset custom only")
     if origins and not dataset.startswith("fairytale-series"):
         raise ValueError("--origins applies to fairytale-series and fairytale-series-titled only")
+    if interference and not dataset.startswith("fairytale-series"):
+        raise ValueError("--interference applies to fairytale-series and fairytale-series-titled only")
     split = split or _default_split(dataset)
     home = mia_home() / "datasets"
     try:
@@ -291,8 +295,18 @@ def prepare_parts(
             built = BUILDERS[dataset](out / "dataset", texts, questions_file, split=split)
         elif origins:
             subset = "+".join(origins)
+            if interference:
+                raise ValueError("--interference adds books to the default series; it does not combine with --origins")
             built = BUILDERS[dataset](home / f"{dataset}-{split}-{subset}", split=split, origins=tuple(origins))
             return [_part(built, f"{built.name}-{built.split}-{subset}", None)]
+        elif interference:
+            # One data set per size, its length the whole mindscape's tokens: the x axis of recall at scale.
+            parts = []
+            for n in interference:
+                suffix = f"-library{n}" if n else ""
+                built = BUILDERS[dataset](home / f"{dataset}-{split}{suffix}", split=split, interference_tokens=n)
+                parts.append(_part(built, f"{built.name}-{built.split}{suffix}", int(built.manifest["tokens"])))
+            return parts
         else:
             built = BUILDERS[dataset](home / f"{dataset}-{split}", split=split)
     except FileNotFoundError as exc:
@@ -639,6 +653,7 @@ def run_eval(
     reuse: Sequence[Path] = (),
     baselines: Sequence[str] = (),
     origins: Sequence[str] = (),
+    interference: Sequence[int] = (),
 ) -> EvalResults:
     """Run every question for every variant (resuming from ``out/results.jsonl``), then write
     ``run.json``, ``summary.json`` and the report into ``out``.
@@ -651,6 +666,8 @@ def run_eval(
     ``baselines`` names the variants the report's paired tables subtract (default: ``rag``).
     ``origins`` restricts a fairytale series to those FairytaleQA origin books (a smaller mindscape,
     for runs whose ingestion is the cost, such as LLM summaries).
+    ``interference`` makes one fairytale-series data set per size, each with that many tokens of
+    the shared books library added as interference (0: none): recall at scale.
     """
     from evals import report
 
@@ -662,7 +679,7 @@ def run_eval(
     for baseline in baselines:
         if baseline not in names:
             raise ValueError(f"--baseline {baseline}: not a variant of this run; pick one of {', '.join(names)}")
-    parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file, origins)
+    parts = prepare_parts(dataset, split, lengths, seed, out, texts, questions_file, origins, interference)
     reuse = [Path(folder) for folder in reuse]
     for folder in reuse:
         if not (folder / RESULTS_FILE).is_file():

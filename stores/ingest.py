@@ -208,6 +208,8 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
             f"collection {collection!r} was built with embedder {existing.embedder!r}, not {embedder.name!r}: "
             f"use a new collection name or `mia rm {collection}` first"
         )
+    if existing is not None:
+        existing.move_texts_out()
     records = existing.book_records(pending=True) if existing else {}
     next_order = max((int(r["order"]) for r in records.values()), default=-1) + 1
     cache = cache or SummaryCache()

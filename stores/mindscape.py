@@ -1,12 +1,17 @@
 """The mindscape in Chroma: chunks, session summaries and books of one named collection.
 
-One mindscape NAME is three Chroma collections, ``NAME__chunks``, ``NAME__summaries`` and
-``NAME__books``, all in cosine space. Every chunk carries its ``summary_id`` and every summary its
-chunk range, so the chunk→summary map (π) and its inverse are plain metadata queries. A book's
-row in ``__books`` is its commit marker: ingestion first turns it into a *pending* row (keeping the
-book's place in the series), then replaces the rows, then commits it. Readers see committed books
-only: the chunks of a pending or unrecorded book (an ingestion killed half way, or still running)
-are never returned, counted or indexed, and the next ingestion replaces them.
+One mindscape NAME is four Chroma collections, ``NAME__chunks``, ``NAME__summaries``,
+``NAME__books`` and ``NAME__texts``, all in cosine space. Every chunk carries its ``summary_id`` and
+every summary its chunk range, so the chunk→summary map (π) and its inverse are plain metadata
+queries. A book's row in ``__books`` is its commit marker: ingestion first turns it into a *pending*
+row (keeping the book's place in the series), then replaces the rows, then commits it. Readers see
+committed books only: the chunks of a pending or unrecorded book (an ingestion killed half way, or
+still running) are never returned, counted or indexed, and the next ingestion replaces them.
+
+A book's full text lives in ``__texts``, not in its commit row: every node call reads all the
+commit rows, and Chroma loads a row's document with its metadata, so texts there made each
+question read the whole library (`mia bench scale`). Collections written before keep the text in
+the commit row until their next ingestion moves it (``move_texts_out``); readers take either.
 """
 
 from __future__ import annotations
@@ -25,15 +30,17 @@ from stores.settings import Settings, offline_environment, writable_dir
 from stores.writer_lock import store_path, writer_lock
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
-SUFFIXES = ("__chunks", "__summaries", "__books")
+SUFFIXES = ("__chunks", "__summaries", "__books", "__texts")
 PENDING = "pending"
 """Metadata flag of a book row whose chunks and summaries are being replaced."""
 # Chroma rejects larger single writes (~5461 records on SQLite); stay well below it.
 WRITE_BATCH = 2000
 _COSINE = {"hnsw:space": "cosine"}
-# Per-process copies of each summaries collection's vectors: (version, id → row, matrix), keyed by
-# the Chroma collection's id, which a re-created collection never reuses.
-_SUMMARY_VECTORS: dict[str, tuple[tuple[Any, ...], dict[str, int], np.ndarray]] = {}
+# Per-process copies of each summaries collection's vectors: (version, id → row, matrix, and per
+# committed book its commit row, ids and vectors), keyed by the Chroma collection's id, which a
+# re-created collection never reuses.
+_SUMMARY_VECTORS: dict[str, tuple[tuple[Any, ...], dict[str, int], np.ndarray,
+                                  dict[str, tuple[tuple[Any, ...], list[str], np.ndarray]]]] = {}
 
 
 class MindscapeError(ValueError):
@@ -97,18 +104,24 @@ class Mindscape:
     def __init__(self, name: str, client: Any | None = None, *, create: bool = False, embedder: str = "") -> None:
         self.name = validate_name(name)
         self.client = client if client is not None else chroma_client()
-        if not create and self.name not in list_mindscapes(self.client):
-            known = ", ".join(list_mindscapes(self.client)) or "none yet"
-            raise MindscapeError(
-                f"unknown collection {name!r} (known: {known}): create it with `mia ingest PATH --collection {name}`"
-            )
         meta = {**_COSINE, "embedder": embedder} if create else None
         get = self.client.get_or_create_collection if create else self.client.get_collection
         kwargs = {"metadata": meta} if create else {}
         # Chroma's default embedding function downloads a model: pass vectors ourselves, always.
-        self.chunks = get(f"{name}__chunks", embedding_function=None, **kwargs)
-        self.summaries = get(f"{name}__summaries", embedding_function=None, **kwargs)
-        self.books = get(f"{name}__books", embedding_function=None, **kwargs)
+        # Opened by name, not looked up in a listing: every node call opens its collection, and
+        # listing all of a store's collections costs in proportion to how many it holds.
+        try:
+            self.books = get(f"{name}__books", embedding_function=None, **kwargs)
+            self.chunks = get(f"{name}__chunks", embedding_function=None, **kwargs)
+            self.summaries = get(f"{name}__summaries", embedding_function=None, **kwargs)
+            self._texts = get(f"{name}__texts", embedding_function=None, **kwargs) if create else None
+        except Exception:  # noqa: BLE001 - the class differs between the embedded and the HTTP client
+            if create or self.name in list_mindscapes(self.client):
+                raise
+            known = ", ".join(list_mindscapes(self.client)) or "none yet"
+            raise MindscapeError(
+                f"unknown collection {name!r} (known: {known}): create it with `mia ingest PATH --collection {name}`"
+            ) from None
         recorded = (self.chunks.metadata or {}).get("embedder", "")
         if create and embedder and recorded and recorded != embedder:
             raise MindscapeError(
@@ -120,6 +133,7 @@ class Mindscape:
         # snapshot for one node call; writes through it forget the rows, other writers need a new instance.
         self._books: dict[str, dict[str, Any]] | None = None
         self._uncommitted: int | None = None
+        self._count: int | None = None
 
     # ---- books -----------------------------------------------------------------------------
     def book_records(self, *, pending: bool = False) -> dict[str, dict[str, Any]]:
@@ -143,7 +157,18 @@ class Mindscape:
         if not got["ids"] or got["metadatas"][0].get(PENDING):
             raise MindscapeError(f"collection {self.name!r} has no committed book {book!r}: "
                                  "it is being written (or its ingestion was interrupted); rerun `mia ingest` to finish it")
-        return got["documents"][0], got["metadatas"][0]
+        text = got["documents"][0]  # set only in collections written before texts had their own collection
+        if not text:
+            stored = self.texts.get(ids=[book], include=["documents"])
+            text = stored["documents"][0] if stored["ids"] else ""
+        return text, got["metadatas"][0]
+
+    @property
+    def texts(self) -> Any:
+        """The ``__texts`` collection, created on first use: collections written before it existed lack it."""
+        if self._texts is None:
+            self._texts = self.client.get_or_create_collection(f"{self.name}__texts", embedding_function=None, metadata=_COSINE)
+        return self._texts
 
     def ordered_books(self) -> list[str]:
         records = self.book_records()
@@ -212,8 +237,14 @@ class Mindscape:
         if self._uncommitted is None:
             expected = sum(int(r.get("chunks", 0)) for r in self.committed_books().values())
             # Fewer rows than counted means a book was turned pending after this snapshot: filter too.
-            self._uncommitted = abs(self.chunks.count() - expected)
+            self._uncommitted = abs(self.stored_chunks() - expected)
         return self._uncommitted
+
+    def stored_chunks(self) -> int:
+        """Chunk rows in Chroma, committed or not: counted once per instance, like the book rows."""
+        if self._count is None:
+            self._count = self.chunks.count()
+        return self._count
 
     def committed_filter(self, where: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """``where`` narrowed to committed books when uncommitted chunks exist; as it was otherwise,
@@ -224,17 +255,33 @@ class Mindscape:
         return {"$and": [where, only]} if where else only
 
     def _summary_rows(self) -> tuple[dict[str, int], np.ndarray]:
-        """All summary vectors, kept in memory while the books are unchanged.
+        """All committed summary vectors, kept in memory while the books are unchanged.
 
-        InitSignature and the centroid run on every question over the same few hundred summaries;
-        fetching them from Chroma each time cost several times the greedy selection itself.
+        InitSignature and the centroid run on every question over the same summaries; fetching
+        them from Chroma each time cost several times the greedy selection itself. After a book is
+        added, replaced or removed, only the books whose commit row changed are fetched again: the
+        others' blocks are reused, so the update costs what changed, not the whole library.
         """
         key, version = str(self.summaries.id), self.version()
         cached = _SUMMARY_VECTORS.get(key)
         if cached is None or cached[0] != version:
-            got = self.summaries.get(include=["embeddings"])
-            matrix = np.asarray(got["embeddings"], dtype=np.float32).reshape(len(got["ids"]), -1)
-            cached = (version, {i: n for n, i in enumerate(got["ids"])}, matrix)
+            blocks = dict(cached[3]) if cached is not None else {}
+            books = self.committed_books()
+            rows_of = {b: tuple(sorted(r.items())) for b, r in books.items()}
+            stale = sorted(b for b in books if b not in blocks or blocks[b][0] != rows_of[b])
+            if stale:
+                got = self.summaries.get(where={"book": {"$in": stale}}, include=["embeddings", "metadatas"])
+                fetched: dict[str, tuple[list[str], list[Any]]] = {b: ([], []) for b in stale}
+                for i, m, e in zip(got["ids"], got["metadatas"], got["embeddings"]):
+                    fetched[m["book"]][0].append(i)
+                    fetched[m["book"]][1].append(e)
+                for b, (ids, vecs) in fetched.items():
+                    blocks[b] = (rows_of[b], ids, np.asarray(vecs, dtype=np.float32).reshape(len(ids), -1))
+            blocks = {b: blocks[b] for b in sorted(books)}
+            ids = [i for _, block_ids, _ in blocks.values() for i in block_ids]
+            mats = [m for _, block_ids, m in blocks.values() if block_ids]
+            matrix = np.concatenate(mats) if mats else np.zeros((0, 0), dtype=np.float32)
+            cached = (version, {i: n for n, i in enumerate(ids)}, matrix, blocks)
             _SUMMARY_VECTORS[key] = cached
         return cached[1], cached[2]
 
@@ -258,7 +305,7 @@ class Mindscape:
         """Nearest chunks by cosine similarity (score = 1 − cosine distance), optionally with their
         stored vectors and their sessions π(c). Metadata is never read here: for 100 hits it costs
         Chroma several times the vector search itself, and π follows from the ids (``summary_of``)."""
-        count = self.chunks.count()
+        count = self.stored_chunks()
         if count == 0 or k <= 0 or not self.committed_books():
             return []
         got = self.chunks.query(
@@ -322,7 +369,7 @@ class Mindscape:
         One upsert swaps the committed row for the pending one, so readers stop seeing the book
         before any of its rows change, and a run killed from here on keeps the book's place.
         """
-        self._books, self._uncommitted = None, None
+        self._books, self._uncommitted, self._count = None, None, None
         # Chroma's upsert merges metadata: the old fields stay beside the flag, the hash is cleared.
         self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[""], metadatas=[{"order": order, "hash": "", PENDING: True}])
         self.chunks.delete(where={"book": book})
@@ -331,6 +378,7 @@ class Mindscape:
     def upsert(self, collection: str, ids: Sequence[str], vectors: np.ndarray,
                documents: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         target = getattr(self, collection)
+        self._count = None
         for start in range(0, len(ids), WRITE_BATCH):
             end = start + WRITE_BATCH
             target.upsert(
@@ -341,9 +389,24 @@ class Mindscape:
             )
 
     def commit_book(self, book: str, text: str, metadata: dict[str, Any]) -> None:
-        self._books, self._uncommitted = None, None
-        # The books collection holds no meaningful vector; a constant unit vector keeps Chroma happy.
-        self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[{**metadata, PENDING: False}])
+        """Store the text, then the commit row (last: until it lands the book is pending)."""
+        self._books, self._uncommitted, self._count = None, None, None
+        # Neither collection holds a meaningful vector; a constant unit vector keeps Chroma happy.
+        self.texts.upsert(ids=[book], embeddings=[[1.0]], documents=[text])
+        self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[""], metadatas=[{**metadata, PENDING: False}])
+
+    def move_texts_out(self) -> int:
+        """Move texts that collections written before ``__texts`` existed keep in their commit rows;
+        each text is written to ``__texts`` before its row is emptied, so no moment lacks it.
+        Returns how many moved."""
+        got = self.books.get(include=["documents", "metadatas"])
+        old = [(i, d, m) for i, d, m in zip(got["ids"], got["documents"], got["metadatas"]) if d]
+        if old:
+            self._books = None
+            self.texts.upsert(ids=[i for i, _, _ in old], embeddings=[[1.0]] * len(old), documents=[d for _, d, _ in old])
+            self.books.upsert(ids=[i for i, _, _ in old], embeddings=[[1.0]] * len(old), documents=[""] * len(old),
+                              metadatas=[m for _, _, m in old])
+        return len(old)
 
 
 def _window_starts(record: dict[str, Any]) -> tuple[int, ...]:
@@ -361,6 +424,21 @@ def delete_mindscape(name: str, client: Any | None = None) -> None:
     validate_name(name)
     with writer_lock(store_path(client)):
         _delete(name, client)
+
+
+def remove_book(name: str, book: str, client: Any | None = None) -> None:
+    """Take one book out of a collection. The book is first turned pending (readers stop seeing it
+    at once, and an interrupted removal leaves rows they ignore), then its rows go, its commit row last."""
+    client = client if client is not None else chroma_client()
+    with writer_lock(store_path(client)):
+        store = Mindscape(name, client)
+        records = store.book_records(pending=True)
+        if book not in records:
+            raise MindscapeError(f"collection {name!r} has no book {book!r} (its books: {', '.join(sorted(records)) or 'none'}); "
+                                 f"`mia ls` lists them")
+        store.begin_book(book, int(records[book]["order"]))
+        store.texts.delete(ids=[book])
+        store.books.delete(ids=[book])
 
 
 def _delete(name: str, client: Any) -> None:

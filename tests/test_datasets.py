@@ -96,6 +96,25 @@ def test_fairytale_reuses_a_complete_build(fairy: Dataset) -> None:
         build_fairytale_series(fairy.dir, split="val")
 
 
+def test_fairytale_interference_adds_library_books_and_keeps_gold_exact(fairy: Dataset, tmp_path: Path) -> None:
+    library = sorted((DATA / "books").rglob("*.txt"))
+    first_two = count_tokens(read_source(library[0])) + 1  # just past the first book: two are needed
+    grown = build_fairytale_series(tmp_path / "grown", interference_tokens=first_two)
+    assert grown.books[:4] == fairy.books
+    assert grown.books[4:] == [f"library-{p.parent.name}-{p.stem}" for p in library[:2]]
+    for path, book in zip(library[:2], grown.books[4:]):
+        assert read_source(grown.sources[grown.books.index(book)]) == read_source(path)
+    assert grown.questions == fairy.questions  # same questions, same gold spans into the same fairy books
+    for q in grown.questions[:50]:
+        assert [_span_text(grown, g) for g in q["gold"]] == [_span_text(fairy, g) for g in q["gold"]]
+    assert grown.manifest["params"]["interference_tokens"] == first_two
+    assert "interference_tokens" not in fairy.manifest["params"]  # earlier builds keep their names
+    everything = build_fairytale_series(tmp_path / "all", interference_tokens=10**9)
+    assert len(everything.books) == 4 + len(library)
+    with pytest.raises(DatasetError, match="0 or more tokens"):
+        build_fairytale_series(tmp_path / "bad", interference_tokens=-1)
+
+
 def test_fairytale_titled(tmp_path: Path) -> None:
     titled = BUILDERS["fairytale-series-titled"](tmp_path / "t", split="val", origins=("lilac-fairybook",))
     assert titled.name == "fairytale-series-titled" and titled.books == ["lilac-fairybook"]

@@ -280,6 +280,8 @@ def test_variants_and_sweeps() -> None:
         ({"systems": ["rag", "mia_rag"], "baselines": ["agent"]}, r"--baseline agent: not a variant of this run; pick one of rag, mia_rag"),
         ({"systems": ["rag"], "dataset": "multihop-synth", "origins": ["scottish-fairybook"]}, "--origins applies to fairytale-series"),
         ({"systems": ["rag"], "origins": ["atlantis-fairybook"]}, "unknown FairytaleQA origins"),
+        ({"systems": ["rag"], "dataset": "multihop-synth", "interference": [1000]}, "--interference applies to fairytale-series"),
+        ({"systems": ["rag"], "origins": ["lilac-fairybook"], "interference": [1000]}, "does not combine with --origins"),
     ],
 )
 def test_user_errors(kwargs: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -297,6 +299,14 @@ def test_origins_make_a_smaller_series_of_their_own(tmp_path: Path) -> None:
     assert {q["meta"]["origin"] for q in part.dataset.questions} == {"swedish-fairybook"}
     (full,) = runner.prepare_parts("fairytale-series", "val", [], 0, tmp_path)
     assert len(full.dataset.books) == 4 and full.dataset.dir != part.dataset.dir
+
+
+@requires_data
+def test_interference_makes_one_part_per_size_named_by_its_tokens(tmp_path: Path) -> None:
+    small, grown = runner.prepare_parts("fairytale-series", "val", [], 0, tmp_path, interference=[0, 1])
+    assert small.tag == "fairytale-series-val" and grown.tag == "fairytale-series-val-library1"
+    assert len(grown.dataset.books) == len(small.dataset.books) + 1
+    assert grown.length == grown.dataset.manifest["tokens"] > small.length == small.dataset.manifest["tokens"]
 
 
 def test_agents_refused_in_retrieval_only(monkeypatch: pytest.MonkeyPatch) -> None:

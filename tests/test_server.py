@@ -24,6 +24,7 @@ import httpx
 import pytest
 from langgraph_sdk import get_sync_client
 
+from evals.bench_scale import chroma_server
 from graph.registry import QUESTION_GRAPHS
 from graph.server import Server, free_port, ingest_elsewhere, port_is_free, start_server
 from tests.conftest import requires_data, write_stories
@@ -271,33 +272,6 @@ def test_bench_serve_finds_no_lost_or_mixed_answers(served: Served, embedded_mod
 
 
 # ---- Chroma server mode -------------------------------------------------------------------------
-@contextlib.contextmanager
-def _chroma_server(path: Path) -> Iterator[str]:
-    port = free_port()
-    log = path.parent / "chroma.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(["chroma", "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
-                                   stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/api/v2/heartbeat", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, f"chroma did not start: {log.read_text()}"
-            time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
-
-
 def test_chroma_server_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minilm: Any) -> None:
     """MIA_CHROMA_URL sends ingestion and retrieval to a `chroma run` server instead of a folder."""
     from graph.registry import load_graph
@@ -306,7 +280,7 @@ def test_chroma_server_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min
     from stores.mindscape import Mindscape, chroma_client, list_mindscapes
 
     paths = write_stories(tmp_path / "stories", STORIES)
-    with _chroma_server(tmp_path / "chroma-server") as url:
+    with chroma_server(tmp_path / "chroma-server") as (url, _):
         monkeypatch.setenv("MIA_CHROMA_URL", url)
         client = chroma_client()
         report = ingest(paths, "remote", minilm, options=IngestOptions(chunk_size=100, window=2, summarizer="extractive"),
