@@ -40,7 +40,7 @@ _COSINE = {"hnsw:space": "cosine"}
 # committed book its commit row, ids and vectors), keyed by the Chroma collection's id, which a
 # re-created collection never reuses.
 _SUMMARY_VECTORS: dict[str, tuple[tuple[Any, ...], dict[str, int], np.ndarray,
-                                  dict[str, tuple[tuple[Any, ...], list[str], np.ndarray]]]] = {}
+                                  dict[str, tuple[tuple[Any, ...], list[str], np.ndarray | None]]]] = {}
 
 
 class MindscapeError(ValueError):
@@ -275,8 +275,8 @@ class Mindscape:
                 for i, m, e in zip(got["ids"], got["metadatas"], got["embeddings"]):
                     fetched[m["book"]][0].append(i)
                     fetched[m["book"]][1].append(e)
-                for b, (ids, vecs) in fetched.items():
-                    blocks[b] = (rows_of[b], ids, np.asarray(vecs, dtype=np.float32).reshape(len(ids), -1))
+                for b, (ids, vecs) in fetched.items():  # a book ingested without summaries has none
+                    blocks[b] = (rows_of[b], ids, np.asarray(vecs, dtype=np.float32).reshape(len(ids), -1) if ids else None)
             blocks = {b: blocks[b] for b in sorted(books)}
             ids = [i for _, block_ids, _ in blocks.values() for i in block_ids]
             mats = [m for _, block_ids, m in blocks.values() if block_ids]

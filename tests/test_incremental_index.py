@@ -148,3 +148,13 @@ def test_book_texts_live_outside_the_commit_rows_and_old_collections_are_moved(g
     assert store.books.get(ids=[book], include=["documents"])["documents"] == [""]
     assert store.texts.get(ids=[book], include=["documents"])["documents"] == [text]
     assert store.book_text(book) == text and store.book_records()[book] == record
+
+
+@requires_data
+def test_summary_vectors_skip_a_book_ingested_without_summaries(growing, minilm, tmp_path: Path) -> None:
+    name, paths = growing
+    Mindscape(name)._summary_rows()
+    ingest(paths[2:], name, minilm, options=IngestOptions(chunk_size=100, window=4, summarizer="none"), progress=False)
+    store = Mindscape(name)
+    _assert_summary_vectors_equal_a_full_read(store)
+    assert not any(i.startswith(f"{book_id(paths[2])}:") for i in store._summary_rows()[0])
