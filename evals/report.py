@@ -106,10 +106,9 @@ def _default_baselines(systems: Sequence[str]) -> list[str]:
     return [baseline] if baseline is not None and len(systems) > 1 else []
 
 
-def _paired_table(grouped: dict[str, list[dict[str, Any]]], values: dict[str, dict[str, list[float]]],
-                  columns: Sequence[str], systems: Sequence[str], baseline: str, seed: int) -> list[str]:
+def _paired_table(grouped: dict[str, list[dict[str, Any]]], columns: Sequence[str], systems: Sequence[str],
+                  baseline: str, seed: int) -> list[str]:
     """Every other system minus ``baseline`` on the questions both answered, with paired intervals."""
-    base = _aligned(grouped[baseline])
     lines = [
         "",
         f"## Paired difference against `{baseline}` (system − baseline, same questions, 95% paired bootstrap interval)",
@@ -118,20 +117,23 @@ def _paired_table(grouped: dict[str, list[dict[str, Any]]], values: dict[str, di
         "|---|" + "---|" * len(columns),
     ]
     for name in systems:
-        if name == baseline:
-            continue
-        mine = _aligned(grouped[name])
-        keys = [k for k in mine if k in base]
-        cells = []
-        for metric in columns:
-            if metric in values[name] and metric in values[baseline]:
-                a = [_value(mine[k], metric) for k in keys]
-                b = [_value(base[k], metric) for k in keys]
-                cells.append(_fmt(metric, paired_bootstrap_ci(a, b, seed=seed)))
-            else:
-                cells.append("–")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if name != baseline:
+            lines.append(f"| {name} | " + " | ".join(_paired_cells(grouped[name], grouped[baseline], columns, seed)[1]) + " |")
     return lines
+
+
+def _paired_cells(mine: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]], columns: Sequence[str],
+                  seed: int) -> tuple[int, list[str]]:
+    """(questions both answered, one cell per metric): ``mine`` − ``base`` on those questions, for
+    each metric defined on all questions of both sides (``metric_values``' rule), else "–"."""
+    mine_by, base_by = _aligned(mine), _aligned(base)
+    keys = [k for k in mine_by if k in base_by]
+    defined = metric_values(mine).keys() & metric_values(base).keys()
+    return len(keys), [
+        _fmt(metric, paired_bootstrap_ci([_value(mine_by[k], metric) for k in keys], [_value(base_by[k], metric) for k in keys],
+                                         seed=seed)) if metric in defined else "–"
+        for metric in columns
+    ]
 
 
 def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int,
@@ -150,7 +152,7 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
         cells = [_fmt(m, bootstrap_ci(values[name][m], seed=seed)) if m in values[name] else "–" for m in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for baseline in baselines or _default_baselines(systems):
-        lines += _paired_table(grouped, values, columns, systems, baseline, seed)
+        lines += _paired_table(grouped, columns, systems, baseline, seed)
     lines += _pair_table(grouped, systems, baselines or _default_baselines(systems), seed)
     if len(run["parts"]) > 1:
         lines += ["", "## By source length (mean over questions)", ""]
@@ -178,15 +180,9 @@ def _paired_by_part(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]
         if name == baseline:
             continue
         for part in run["parts"]:
-            base = _aligned([r for r in grouped[baseline] if r["part"] == part["tag"]])
-            mine = _aligned([r for r in grouped[name] if r["part"] == part["tag"]])
-            keys = [k for k in mine if k in base]
-            cells = []
-            for metric in columns:
-                pairs = [(mine[k], base[k]) for k in keys if metric in mine[k]["scores"] and metric in base[k]["scores"]]
-                cells.append(_fmt(metric, paired_bootstrap_ci([_value(a, metric) for a, _ in pairs],
-                                                              [_value(b, metric) for _, b in pairs], seed=seed)) if pairs else "–")
-            lines.append(f"| {name} | {part['length']} | {len(keys)} | " + " | ".join(cells) + " |")
+            questions, cells = _paired_cells([r for r in grouped[name] if r["part"] == part["tag"]],
+                                             [r for r in grouped[baseline] if r["part"] == part["tag"]], columns, seed)
+            lines.append(f"| {name} | {part['length']} | {questions} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -267,7 +267,7 @@ class Mindscape:
         if cached is None or cached[0] != version:
             blocks = dict(cached[3]) if cached is not None else {}
             books = self.committed_books()
-            rows_of = {b: tuple(sorted(r.items())) for b, r in books.items()}
+            rows_of = {b: row for b, row in version if b in books}
             stale = sorted(b for b in books if b not in blocks or blocks[b][0] != rows_of[b])
             if stale:
                 got = self.summaries.get(where={"book": {"$in": stale}}, include=["embeddings", "metadatas"])
