@@ -96,7 +96,7 @@ def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     if not summary_ids:
         hits = query_only(store, query_vec, ctx.step_k, text=state["query"], fusion=fusion, depth=ctx.candidates,
                           for_signature=False)
-        return {"retrieved": as_scored(hits, query_vec)}
+        return {"retrieved": as_scored(hits)}
     if ctx.sig_strategy == "prior":
         # σ_t is refined by Update and may hold summaries step 0 never lit: weigh by relevance to q_t.
         weights = signature_weights(store, query_vec, summary_ids, "relevance", ctx.prior_temperature)

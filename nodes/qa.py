@@ -48,7 +48,7 @@ def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     the earlier turns, since retrieval only sees the question; the first turn costs no LLM call.
     """
     question = question_of(state)
-    update: dict[str, Any] = {"usage": {"reset": True}, "signature": [], "step0": [],
+    update: dict[str, Any] = {"usage": {"reset": True}, "signature": [], "step0": [], "snapshot": "",
                               "retrieved": [], "citations": [], "answer": ""}
     messages = state.get("messages") or []
     last = messages[-1] if messages else None
@@ -82,7 +82,7 @@ def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     query_vec = embedder.embed_query(state["question"])
     hits = query_only(store, query_vec, ctx.top_k, text=state["question"], fusion=Fusion.of(ctx),
                       depth=ctx.candidates, for_signature=False)
-    return {"retrieved": as_scored(hits, query_vec)}
+    return {"retrieved": as_scored(hits)}
 
 
 def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -95,7 +95,8 @@ def initial_signature(question: str, ctx: Context, default: str) -> dict[str, An
     store = resources.mindscape(ctx)
     query_vec = resources.embedder(ctx, store).embed_query(question)
     step0 = query_only(store, query_vec, ctx.k0, text=question, fusion=Fusion.of(ctx), depth=ctx.candidates)
-    return {"step0": as_scored(step0, query_vec), "signature": select_signature(store, question, query_vec, step0, ctx, default)}
+    return {"step0": as_scored(step0), "signature": select_signature(store, question, query_vec, step0, ctx, default),
+            "snapshot": resources.share(store)}
 
 
 def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context,
@@ -134,9 +135,10 @@ def selection_vectors(store: Any, ctx: Context, question: str, query_vec: np.nda
 
 
 def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """E2: Eq. 4 over the whole collection, conditioned on the question and the signature."""
+    """E2: Eq. 4 over the whole collection, conditioned on the question and the signature; on the
+    snapshot step 0 read, so the books' rows and the vectors it fetched are not read again."""
     ctx = runtime.context
-    store = resources.mindscape(ctx)
+    store = resources.mindscape(ctx, state.get("snapshot", ""))
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]

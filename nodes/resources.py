@@ -6,6 +6,10 @@ to open, and the context only names them.
 
 from __future__ import annotations
 
+import threading
+import uuid
+from collections import OrderedDict
+
 from langchain_core.language_models import BaseChatModel
 
 from nodes.context import Context
@@ -14,10 +18,40 @@ from stores.embeddings import Embedder, load_embedder
 from stores.mindscape import Mindscape, MindscapeError
 
 
-def mindscape(ctx: Context) -> Mindscape:
+SHARED_SNAPSHOTS = 64
+"""How many runs' snapshots a process keeps for their later nodes (the oldest go first)."""
+_SHARED: OrderedDict[str, Mindscape] = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+
+
+def mindscape(ctx: Context, snapshot: str = "") -> Mindscape:
+    """The run's collection, read afresh; or, given the ``snapshot`` token an earlier node of the
+    same run got from ``share``, that node's instance while this process still holds it.
+
+    A shared instance keeps the books' rows, the chunk count and the chunk vectors its first node
+    read, so mia_rag's E2 reads only its own search and the vectors step 0 did not fetch: against a
+    Chroma server every read is a round trip, and E2 paid all of step 0's again. The run then also
+    sees one version of the books from step 0 to E2. Without the instance (another worker process,
+    a run resumed from its checkpoint) the node reads afresh, which answers the same.
+    """
     if not ctx.collection:
         raise MindscapeError("no collection given: set `collection` in the run's context (CLI: --collection NAME)")
+    if snapshot:
+        with _SHARED_LOCK:
+            store = _SHARED.get(snapshot)
+        if store is not None and store.name == ctx.collection:
+            return store
     return Mindscape(ctx.collection)
+
+
+def share(store: Mindscape) -> str:
+    """A token for the run's state under which later nodes of the run get ``store`` back (``mindscape``)."""
+    token = uuid.uuid4().hex
+    with _SHARED_LOCK:
+        _SHARED[token] = store
+        while len(_SHARED) > SHARED_SNAPSHOTS:
+            _SHARED.popitem(last=False)
+    return token
 
 
 def embedder(ctx: Context, store: Mindscape | None = None) -> Embedder:

@@ -77,29 +77,30 @@ def lexical(store: Mindscape, text: str, depth: int, fusion: Fusion) -> list[str
 
 def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", fusion: Fusion | None = None,
                depth: int = 100, for_signature: bool = True) -> list[ChunkHit]:
-    """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next.
+    """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next
+    (and E2 then finds in the store's memo); without it no vector leaves Chroma but those of
+    BM25-only hits, whose cosine the search did not give.
 
     With a ``fusion``, the dense ranking of ``max(k, depth)`` candidates is fused with BM25's ranking
-    of ``text``; a hit's score is then its fused score (its cosine stays available as s_qry).
+    of ``text``; a hit's score is then its fused score and its ``cosine`` the cosine to the query.
     """
     if fusion is None:
         return store.search_chunks(query_vec, k, vectors=for_signature, owners=for_signature)
     depth = max(k, depth)
-    dense = store.search_chunks(query_vec, depth, vectors=True)
-    by_id = {h.id: h for h in dense}
+    dense = store.search_chunks(query_vec, depth, vectors=for_signature)
+    cosine = {h.id: h.score for h in dense}
     fused = fusion.fuse([h.id for h in dense], lexical(store, text, depth, fusion))[:k]
-    missing = [i for i, _ in fused if i not in by_id]
-    for id_, vector in zip(missing, store.vectors("chunks", missing) if missing else []):
-        by_id[id_] = ChunkHit(id_, float(vector @ query_vec), "", vector)
     ids = [i for i, _ in fused]
+    needed = ids if for_signature else [i for i in ids if i not in cosine]
+    vectors = dict(zip(needed, store.vectors("chunks", needed))) if needed else {}
     sessions = store.summary_of(ids) if for_signature else [""] * len(ids)
-    return [ChunkHit(i, score, owner, by_id[i].vector) for (i, score), owner in zip(fused, sessions)]
+    return [ChunkHit(i, score, owner, vectors.get(i), cosine[i] if i in cosine else float(vectors[i] @ query_vec))
+            for (i, score), owner in zip(fused, sessions)]
 
 
-def as_scored(hits: Sequence[ChunkHit], query_vec: np.ndarray) -> list[dict[str, float | str]]:
+def as_scored(hits: Sequence[ChunkHit]) -> list[dict[str, float | str]]:
     """Query-only hits in the state's ranking shape (s_qry = cosine to the query, s_sig = 0)."""
-    q = np.asarray(query_vec, dtype=np.float32)
-    return [Scored(h.id, h.score, float(h.vector @ q) if h.vector is not None else h.score, 0.0).as_dict() for h in hits]
+    return [Scored(h.id, h.score, h.score if h.cosine is None else h.cosine, 0.0).as_dict() for h in hits]
 
 
 def _ranked(ids: Sequence[str], score: np.ndarray, s_qry: np.ndarray, s_sig: np.ndarray, k: int,
@@ -157,14 +158,14 @@ def dual_signal(
     a ``fusion`` fuses it with BM25's ranking of ``text`` (whose hits are scored exactly too)."""
     bm25 = lexical(store, text, max(k, candidates), fusion) if fusion else []
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
-    hits = store.search_chunks(mixed, max(k, candidates), vectors=True)
-    ids = [h.id for h in hits]
+    # The search returns ids only: the candidates' vectors come from the store's memo (those step 0
+    # already read, when the store is the run's shared snapshot) and one read for the rest.
+    ids = [h.id for h in store.search_chunks(mixed, max(k, candidates))]
     seen = set(ids)
-    extra = [i for i in dict.fromkeys(bm25) if i not in seen]
-    if not ids and not extra:
+    ids += [i for i in dict.fromkeys(bm25) if i not in seen]
+    if not ids:
         return []
-    vectors = np.stack([h.vector for h in hits] + list(store.vectors("chunks", extra) if extra else []))
-    ids += extra
+    vectors = store.vectors("chunks", ids)
     s_qry = vectors @ query_vec
     s_sig = vectors @ sig_vec
     score = (1.0 - alpha) * s_qry + alpha * s_sig

@@ -96,6 +96,8 @@ class ChunkHit:
     score: float
     summary_id: str = ""
     vector: np.ndarray | None = field(default=None, repr=False, compare=False)
+    cosine: float | None = None
+    """Its cosine to the query when ``score`` is another (a fused score); None when ``score`` is it."""
 
 
 class Mindscape:
@@ -134,6 +136,8 @@ class Mindscape:
         self._books: dict[str, dict[str, Any]] | None = None
         self._uncommitted: int | None = None
         self._count: int | None = None
+        # Chunk vectors this instance has read: E2 rescores mostly chunks E1 already fetched.
+        self._chunk_vectors: dict[str, np.ndarray] = {}
 
     # ---- books -----------------------------------------------------------------------------
     def book_records(self, *, pending: bool = False) -> dict[str, dict[str, Any]]:
@@ -206,9 +210,15 @@ class Mindscape:
             rows, matrix = self._summary_rows()
             if all(i in rows for i in ids):
                 return matrix[[rows[i] for i in ids]]
-        got = getattr(self, collection).get(ids=list(ids), include=["embeddings"])
-        by_id = dict(zip(got["ids"], got["embeddings"]))
-        return np.asarray([by_id[i] for i in ids], dtype=np.float32)
+            got = self.summaries.get(ids=list(ids), include=["embeddings"])
+            by_id = dict(zip(got["ids"], got["embeddings"]))
+            return np.asarray([by_id[i] for i in ids], dtype=np.float32)
+        known = self._chunk_vectors
+        missing = [i for i in dict.fromkeys(ids) if i not in known]
+        if missing:
+            got = self.chunks.get(ids=missing, include=["embeddings"])
+            known.update(zip(got["ids"], np.asarray(got["embeddings"], dtype=np.float32).reshape(len(got["ids"]), -1)))
+        return np.stack([known[i] for i in ids])
 
     def stored_chunk_vectors(self, book: str) -> dict[str, np.ndarray]:
         """The vectors of the book's stored chunks keyed by chunk text, committed or not: a rewrite
@@ -316,11 +326,10 @@ class Mindscape:
         )
         ids = list(got["ids"][0])
         sessions = self.summary_of(ids) if owners else [""] * len(ids)
-        stored = got["embeddings"][0] if vectors else [None] * len(ids)
-        return [
-            ChunkHit(i, 1.0 - float(d), s, None if e is None else np.asarray(e, dtype=np.float32))
-            for i, d, s, e in zip(ids, got["distances"][0], sessions, stored)
-        ]
+        stored = [np.asarray(e, dtype=np.float32) for e in got["embeddings"][0]] if vectors else [None] * len(ids)
+        if vectors:
+            self._chunk_vectors.update(zip(ids, stored))
+        return [ChunkHit(i, 1.0 - float(d), s, e) for i, d, s, e in zip(ids, got["distances"][0], sessions, stored)]
 
     def summary_of(self, chunk_ids: Sequence[str]) -> list[str]:
         """π(c) of each chunk, from its id and its book's commit row: ingestion names chunk i of a
@@ -370,6 +379,7 @@ class Mindscape:
         before any of its rows change, and a run killed from here on keeps the book's place.
         """
         self._books, self._uncommitted, self._count = None, None, None
+        self._chunk_vectors.clear()
         # Chroma's upsert merges metadata: the old fields stay beside the flag, the hash is cleared.
         self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[""], metadatas=[{"order": order, "hash": "", PENDING: True}])
         self.chunks.delete(where={"book": book})
@@ -379,6 +389,7 @@ class Mindscape:
                documents: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         target = getattr(self, collection)
         self._count = None
+        self._chunk_vectors.clear()
         for start in range(0, len(ids), WRITE_BATCH):
             end = start + WRITE_BATCH
             target.upsert(

@@ -16,7 +16,7 @@ import pytest
 
 from nodes.context import Context
 from nodes.qa import select_signature
-from nodes.retrieval import dual_signal, query_only, signature_vector
+from nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
 from tests.conftest import requires_data, story_text
 
 pytestmark = requires_data
@@ -138,6 +138,96 @@ def test_mia_rag_embeds_each_question_once(tiny_collection, minilm, cli, monkeyp
                  "--set", "retrieval_only=true")
     assert result.code == 0, result.err
     assert calls == [question]
+
+
+class _CallLog:
+    """Counts the Chroma reads made through the Mindscape instances built while it is installed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from stores import mindscape
+
+        self.opened = 0
+        self.calls: list[str] = []
+        original = mindscape.Mindscape.__init__
+        log = self
+
+        def opening(store: Any, *args: Any, **kwargs: Any) -> None:
+            original(store, *args, **kwargs)
+            log.opened += 1
+            log.watch(store)
+
+        monkeypatch.setattr(mindscape.Mindscape, "__init__", opening)
+
+    def watch(self, store: Any) -> None:
+        for part in ("books", "chunks"):
+            collection = getattr(store, part)
+            for method in ("get", "query", "count"):
+                setattr(collection, method, self._logged(f"{part}.{method}", getattr(collection, method)))
+
+    def _logged(self, name: str, call: Any) -> Any:
+        def logged(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return call(*args, **kwargs)
+        return logged
+
+
+@pytest.mark.parametrize("retriever", ["hybrid", "dense"])
+def test_e2_reads_only_its_search_on_step_zeros_snapshot(retriever: str, tiny_collection, monkeypatch) -> None:
+    """E2 on the snapshot step 0 shared reads no book rows, no count, and no vector step 0 fetched:
+    one search, and one read of the vectors it lacks. Against a Chroma server each read is a round
+    trip (`mia bench scale`). It ranks exactly as E2 on a fresh instance does."""
+    from langgraph.runtime import Runtime
+
+    from nodes import resources
+    from nodes.qa import init_signature, retrieve_with_signature
+
+    runtime = Runtime(context=Context(collection=tiny_collection.name, retriever=retriever))
+    state: dict[str, Any] = {"question": QUESTIONS[2]}
+    init_signature(state, runtime)  # builds the BM25 index, if no test did yet, outside the count
+    log = _CallLog(monkeypatch)
+    state |= init_signature(state, runtime)
+    assert log.opened == 1 and state["snapshot"]
+    step0_reads, log.calls = log.calls, []
+    shared = retrieve_with_signature(state, runtime)["retrieved"]
+    assert log.opened == 1, "E2 opened the collection again instead of using step 0's snapshot"
+    assert log.calls in (["chunks.query"], ["chunks.query", "chunks.get"]), log.calls
+    assert "books.get" in step0_reads and "chunks.count" in step0_reads
+    e2_reads, log.calls = log.calls, []
+    fresh = retrieve_with_signature({**state, "snapshot": ""}, runtime)["retrieved"]
+    assert log.opened == 2 and "books.get" in log.calls and len(log.calls) > len(e2_reads), log.calls
+    assert shared == fresh
+    # A token this process does not hold (another worker, a resumed run) reads afresh.
+    assert resources.mindscape(runtime.context, "not-a-token") is not resources.mindscape(runtime.context, state["snapshot"])
+
+
+def test_shared_snapshots_are_bounded(tiny_collection) -> None:
+    """Tokens of finished runs are forgotten oldest first; a token of another collection is not used."""
+    from nodes import resources
+    from stores.mindscape import Mindscape
+
+    ctx = Context(collection=tiny_collection.name)
+    tokens = [resources.share(Mindscape(tiny_collection.name)) for _ in range(resources.SHARED_SNAPSHOTS + 1)]
+    assert resources.mindscape(ctx, tokens[0]) is not resources.mindscape(ctx, tokens[0])
+    assert resources.mindscape(ctx, tokens[1]) is resources.mindscape(ctx, tokens[1])
+    with pytest.raises(resources.MindscapeError, match="unknown collection 'other-name'"):
+        resources.mindscape(Context(collection="other-name"), tokens[1])
+
+
+def test_rag_query_only_reads_no_dense_vectors(tiny_collection, minilm, monkeypatch) -> None:
+    """rag's E1 needs the dense hits' cosines, which the search returns: it asks Chroma for no
+    vectors but those of BM25-only hits, and reports the same cosines as the vectors give."""
+    store = tiny_collection.store
+    ids, vectors = _all_chunks(store)
+    query_vec = minilm.embed_query(QUESTIONS[1])
+    fresh = type(store)(store.name)
+    asked: list[Any] = []
+    original = fresh.chunks.query
+    monkeypatch.setattr(fresh.chunks, "query", lambda *a, **kw: asked.append(kw["include"]) or original(*a, **kw))
+    hits = query_only(fresh, query_vec, 8, text=QUESTIONS[1], fusion=Fusion(), depth=10, for_signature=False)
+    assert asked == [["distances"]]
+    assert len(hits) == 8
+    for h in hits:
+        assert h.cosine == pytest.approx(float(vectors[ids.index(h.id)] @ query_vec), abs=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
