@@ -134,7 +134,7 @@ class _Library:
         self.cache = SummaryCache(cache_path)
 
     def add(self, sources: Sequence[Any], collection: str | None = None) -> dict[str, Any]:
-        """Ingest ``sources`` and bring the BM25 chunk index and the summary vectors up to date,
+        """Ingest ``sources`` and bring the BM25 chunk index and the in-memory vectors up to date,
         as the first question after an ingestion would; timed end to end."""
         from stores.bm25 import ChunkIndex
         from stores.ingest import ingest
@@ -147,7 +147,8 @@ class _Library:
         ingested = time.perf_counter()
         store = Mindscape(name, self.client)
         ChunkIndex.for_collection(store, stem=self.stem)
-        store._summary_rows()
+        store.vector_rows("chunks")
+        store.vector_rows("summaries")
         done = time.perf_counter()
         return {"seconds": done - started, "ingest_seconds": ingested - started, "index_seconds": done - ingested,
                 "tokens": report.tokens, "chunks": report.chunks, "summaries": report.summaries, "stages": report.seconds}

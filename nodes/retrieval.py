@@ -77,9 +77,8 @@ def lexical(store: Mindscape, text: str, depth: int, fusion: Fusion) -> list[str
 
 def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", fusion: Fusion | None = None,
                depth: int = 100, for_signature: bool = True) -> list[ChunkHit]:
-    """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next
-    (and E2 then finds in the store's memo); without it no vector leaves Chroma but those of
-    BM25-only hits, whose cosine the search did not give.
+    """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next;
+    without it only BM25-only hits are given a vector, for the cosine the search did not give.
 
     With a ``fusion``, the dense ranking of ``max(k, depth)`` candidates is fused with BM25's ranking
     of ``text``; a hit's score is then its fused score and its ``cosine`` the cosine to the query.
@@ -158,8 +157,7 @@ def dual_signal(
     a ``fusion`` fuses it with BM25's ranking of ``text`` (whose hits are scored exactly too)."""
     bm25 = lexical(store, text, max(k, candidates), fusion) if fusion else []
     mixed = (1.0 - alpha) * query_vec + alpha * sig_vec
-    # The search returns ids only: the candidates' vectors come from the store's memo (those step 0
-    # already read, when the store is the run's shared snapshot) and one read for the rest.
+    # The search returns ids; every candidate's vector comes from the store's in-memory rows.
     ids = [h.id for h in store.search_chunks(mixed, max(k, candidates))]
     seen = set(ids)
     ids += [i for i in dict.fromkeys(bm25) if i not in seen]

@@ -36,10 +36,10 @@ PENDING = "pending"
 # Chroma rejects larger single writes (~5461 records on SQLite); stay well below it.
 WRITE_BATCH = 2000
 _COSINE = {"hnsw:space": "cosine"}
-# Per-process copies of each summaries collection's vectors: (version, id → row, matrix, and per
-# committed book its commit row, ids and vectors), keyed by the Chroma collection's id, which a
-# re-created collection never reuses.
-_SUMMARY_VECTORS: dict[str, tuple[tuple[Any, ...], dict[str, int], np.ndarray,
+# Per-process copies of each chunks and summaries collection's vectors (``vector_rows``): (version,
+# id → row, matrix, and per committed book its commit row, ids and vectors), keyed by the Chroma
+# collection's id, which a re-created collection never reuses.
+_VECTOR_ROWS: dict[str, tuple[tuple[Any, ...], dict[str, int], np.ndarray,
                                   dict[str, tuple[tuple[Any, ...], list[str], np.ndarray | None]]]] = {}
 
 
@@ -136,8 +136,6 @@ class Mindscape:
         self._books: dict[str, dict[str, Any]] | None = None
         self._uncommitted: int | None = None
         self._count: int | None = None
-        # Chunk vectors this instance has read: E2 rescores mostly chunks E1 already fetched.
-        self._chunk_vectors: dict[str, np.ndarray] = {}
 
     # ---- books -----------------------------------------------------------------------------
     def book_records(self, *, pending: bool = False) -> dict[str, dict[str, Any]]:
@@ -206,19 +204,12 @@ class Mindscape:
         """Stored vectors in the order asked (``collection`` is ``chunks`` or ``summaries``)."""
         if not ids:
             return np.zeros((0, 0), dtype=np.float32)
-        if collection == "summaries":
-            rows, matrix = self._summary_rows()
-            if all(i in rows for i in ids):
-                return matrix[[rows[i] for i in ids]]
-            got = self.summaries.get(ids=list(ids), include=["embeddings"])
-            by_id = dict(zip(got["ids"], got["embeddings"]))
-            return np.asarray([by_id[i] for i in ids], dtype=np.float32)
-        known = self._chunk_vectors
-        missing = [i for i in dict.fromkeys(ids) if i not in known]
-        if missing:
-            got = self.chunks.get(ids=missing, include=["embeddings"])
-            known.update(zip(got["ids"], np.asarray(got["embeddings"], dtype=np.float32).reshape(len(got["ids"]), -1)))
-        return np.stack([known[i] for i in ids])
+        rows, matrix = self.vector_rows(collection)
+        if all(i in rows for i in ids):
+            return matrix[[rows[i] for i in ids]]
+        got = getattr(self, collection).get(ids=list(ids), include=["embeddings"])
+        by_id = dict(zip(got["ids"], got["embeddings"]))
+        return np.asarray([by_id[i] for i in ids], dtype=np.float32)
 
     def stored_chunk_vectors(self, book: str) -> dict[str, np.ndarray]:
         """The vectors of the book's stored chunks keyed by chunk text, committed or not: a rewrite
@@ -264,35 +255,36 @@ class Mindscape:
         only = {"book": {"$in": sorted(self.committed_books()) or [""]}}
         return {"$and": [where, only]} if where else only
 
-    def _summary_rows(self) -> tuple[dict[str, int], np.ndarray]:
-        """All committed summary vectors, kept in memory while the books are unchanged.
+    def vector_rows(self, collection: str) -> tuple[dict[str, int], np.ndarray]:
+        """All committed vectors of ``collection`` (``chunks`` or ``summaries``) as one matrix with
+        its id → row map, kept in memory while the books are unchanged.
 
-        InitSignature and the centroid run on every question over the same summaries; fetching
-        them from Chroma each time cost several times the greedy selection itself. After a book is
-        added, replaced or removed, only the books whose commit row changed are fetched again: the
-        others' blocks are reused, so the update costs what changed, not the whole library.
+        Every question reads vectors: InitSignature and the centroid read summaries' vectors, step 0
+        and E2 the vectors of their chunk candidates (to select, and to score BM25's hits exactly).
+        Read from Chroma each time, the summaries cost several times the greedy selection itself, and
+        against a Chroma server the chunk vectors were the largest part of E2 (`mia bench scale`).
+        After a book is added, replaced or removed, only the books whose commit row changed are read
+        again, one book per read, so no response holds the library; the others' blocks are reused and
+        the update costs what changed. The price is memory: 4 bytes per dimension per row (1.5 KB a
+        chunk with MiniLM, 19 MB for the 2.4M-token books library).
         """
-        key, version = str(self.summaries.id), self.version()
-        cached = _SUMMARY_VECTORS.get(key)
+        key, version = str(getattr(self, collection).id), self.version()
+        cached = _VECTOR_ROWS.get(key)
         if cached is None or cached[0] != version:
             blocks = dict(cached[3]) if cached is not None else {}
             books = self.committed_books()
             rows_of = {b: row for b, row in version if b in books}
-            stale = sorted(b for b in books if b not in blocks or blocks[b][0] != rows_of[b])
-            if stale:
-                got = self.summaries.get(where={"book": {"$in": stale}}, include=["embeddings", "metadatas"])
-                fetched: dict[str, tuple[list[str], list[Any]]] = {b: ([], []) for b in stale}
-                for i, m, e in zip(got["ids"], got["metadatas"], got["embeddings"]):
-                    fetched[m["book"]][0].append(i)
-                    fetched[m["book"]][1].append(e)
-                for b, (ids, vecs) in fetched.items():  # a book ingested without summaries has none
-                    blocks[b] = (rows_of[b], ids, np.asarray(vecs, dtype=np.float32).reshape(len(ids), -1) if ids else None)
+            for book in sorted(b for b in books if b not in blocks or blocks[b][0] != rows_of[b]):
+                got = getattr(self, collection).get(where={"book": book}, include=["embeddings"])
+                ids = list(got["ids"])  # a book ingested without summaries has none
+                matrix = np.asarray(got["embeddings"], dtype=np.float32).reshape(len(ids), -1) if ids else None
+                blocks[book] = (rows_of[book], ids, matrix)
             blocks = {b: blocks[b] for b in sorted(books)}
             ids = [i for _, block_ids, _ in blocks.values() for i in block_ids]
             mats = [m for _, block_ids, m in blocks.values() if block_ids]
             matrix = np.concatenate(mats) if mats else np.zeros((0, 0), dtype=np.float32)
             cached = (version, {i: n for n, i in enumerate(ids)}, matrix, blocks)
-            _SUMMARY_VECTORS[key] = cached
+            _VECTOR_ROWS[key] = cached
         return cached[1], cached[2]
 
     def session_members(self, summary_ids: Sequence[str]) -> list[tuple[str, str]]:
@@ -313,8 +305,9 @@ class Mindscape:
     def search_chunks(self, vector: np.ndarray, k: int, where: dict[str, Any] | None = None,
                       *, vectors: bool = False, owners: bool = False) -> list[ChunkHit]:
         """Nearest chunks by cosine similarity (score = 1 − cosine distance), optionally with their
-        stored vectors and their sessions π(c). Metadata is never read here: for 100 hits it costs
-        Chroma several times the vector search itself, and π follows from the ids (``summary_of``)."""
+        stored vectors (from memory, ``vector_rows``) and their sessions π(c). Only ids and distances
+        leave Chroma: 100 vectors in a response cost a server several times the search, and metadata
+        as much, while π follows from the ids (``summary_of``)."""
         count = self.stored_chunks()
         if count == 0 or k <= 0 or not self.committed_books():
             return []
@@ -322,13 +315,11 @@ class Mindscape:
             query_embeddings=[np.asarray(vector, dtype=np.float32).tolist()],
             n_results=min(k, count),
             where=self.committed_filter(where),
-            include=["distances", "embeddings"] if vectors else ["distances"],
+            include=["distances"],
         )
         ids = list(got["ids"][0])
         sessions = self.summary_of(ids) if owners else [""] * len(ids)
-        stored = [np.asarray(e, dtype=np.float32) for e in got["embeddings"][0]] if vectors else [None] * len(ids)
-        if vectors:
-            self._chunk_vectors.update(zip(ids, stored))
+        stored = list(self.vectors("chunks", ids)) if vectors and ids else [None] * len(ids)
         return [ChunkHit(i, 1.0 - float(d), s, e) for i, d, s, e in zip(ids, got["distances"][0], sessions, stored)]
 
     def summary_of(self, chunk_ids: Sequence[str]) -> list[str]:
@@ -379,7 +370,6 @@ class Mindscape:
         before any of its rows change, and a run killed from here on keeps the book's place.
         """
         self._books, self._uncommitted, self._count = None, None, None
-        self._chunk_vectors.clear()
         # Chroma's upsert merges metadata: the old fields stay beside the flag, the hash is cleared.
         self.books.upsert(ids=[book], embeddings=[[1.0]], documents=[""], metadatas=[{"order": order, "hash": "", PENDING: True}])
         self.chunks.delete(where={"book": book})
@@ -389,7 +379,6 @@ class Mindscape:
                documents: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         target = getattr(self, collection)
         self._count = None
-        self._chunk_vectors.clear()
         for start in range(0, len(ids), WRITE_BATCH):
             end = start + WRITE_BATCH
             target.upsert(

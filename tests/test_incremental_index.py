@@ -44,15 +44,17 @@ def _assert_index_equals_rebuild(store: Mindscape, stem: bool) -> None:
     np.testing.assert_allclose(_index_scores(index), scores, rtol=1e-6)
 
 
-def _assert_summary_vectors_equal_a_full_read(store: Mindscape) -> None:
-    got = store.summaries.get(include=["embeddings", "metadatas"])
-    committed = store.committed_books()
-    wanted = {i: np.asarray(e, dtype=np.float32) for i, e, m in zip(got["ids"], got["embeddings"], got["metadatas"])
-              if m["book"] in committed}
-    rows, matrix = store._summary_rows()
-    assert set(rows) == set(wanted)
-    for i, vector in wanted.items():
-        np.testing.assert_array_equal(matrix[rows[i]], vector)
+def _assert_vectors_equal_a_full_read(store: Mindscape) -> None:
+    """The in-memory summary and chunk vectors equal the committed rows read now."""
+    for collection in ("summaries", "chunks"):
+        got = getattr(store, collection).get(include=["embeddings", "metadatas"])
+        committed = store.committed_books()
+        wanted = {i: np.asarray(e, dtype=np.float32) for i, e, m in zip(got["ids"], got["embeddings"], got["metadatas"])
+                  if m["book"] in committed}
+        rows, matrix = store.vector_rows(collection)
+        assert set(rows) == set(wanted)
+        for i, vector in wanted.items():
+            np.testing.assert_array_equal(matrix[rows[i]], vector)
 
 
 @pytest.fixture
@@ -69,7 +71,7 @@ def growing(tmp_path: Path, minilm) -> tuple[str, list[Path]]:
 def test_index_after_an_add_and_a_remove_equals_a_rebuild(growing, minilm, monkeypatch, stem: bool) -> None:
     name, paths = growing
     _assert_index_equals_rebuild(Mindscape(name), stem)
-    _assert_summary_vectors_equal_a_full_read(Mindscape(name))
+    _assert_vectors_equal_a_full_read(Mindscape(name))
 
     # Adding a book reads and tokenizes that book's chunks only; the others come from the term cache.
     tokenized: list[str] = []
@@ -82,13 +84,13 @@ def test_index_after_an_add_and_a_remove_equals_a_rebuild(growing, minilm, monke
     assert len(tokenized) == int(store.committed_books()[new_book]["chunks"])
     monkeypatch.setattr(bm25_module, "tokenize", real)
     _assert_index_equals_rebuild(store, stem)
-    _assert_summary_vectors_equal_a_full_read(store)
+    _assert_vectors_equal_a_full_read(store)
 
     remove_book(name, book_id(paths[0]))
     store = Mindscape(name)
     assert sorted(store.committed_books()) == sorted([book_id(paths[1]), new_book])
     _assert_index_equals_rebuild(store, stem)
-    _assert_summary_vectors_equal_a_full_read(store)
+    _assert_vectors_equal_a_full_read(store)
     assert all(not i.startswith(f"{book_id(paths[0])}:") for i in ChunkIndex.for_collection(store, stem=stem).ids)
 
     # One index of this tokenizer stays on disk, and the removed book's cached terms are gone.
@@ -99,16 +101,17 @@ def test_index_after_an_add_and_a_remove_equals_a_rebuild(growing, minilm, monke
 
 
 @requires_data
-def test_summary_update_fetches_only_the_changed_book(growing, minilm, monkeypatch) -> None:
+@pytest.mark.parametrize("collection", ["summaries", "chunks"])
+def test_vector_update_fetches_only_the_changed_book(growing, minilm, monkeypatch, collection: str) -> None:
     name, paths = growing
-    Mindscape(name)._summary_rows()
+    Mindscape(name).vector_rows(collection)
     ingest(paths, name, minilm, options=IngestOptions(chunk_size=100, window=4), progress=False)
     store = Mindscape(name)
     asked: list[object] = []
-    real_get = store.summaries.get
-    monkeypatch.setattr(store.summaries, "get", lambda **kw: asked.append(kw.get("where")) or real_get(**kw))
-    store._summary_rows()
-    assert asked == [{"book": {"$in": [book_id(paths[2])]}}]
+    real_get = getattr(store, collection).get
+    monkeypatch.setattr(getattr(store, collection), "get", lambda **kw: asked.append(kw.get("where")) or real_get(**kw))
+    store.vector_rows(collection)
+    assert asked == [{"book": book_id(paths[2])}]
 
 
 @requires_data
@@ -153,8 +156,8 @@ def test_book_texts_live_outside_the_commit_rows_and_old_collections_are_moved(g
 @requires_data
 def test_summary_vectors_skip_a_book_ingested_without_summaries(growing, minilm, tmp_path: Path) -> None:
     name, paths = growing
-    Mindscape(name)._summary_rows()
+    Mindscape(name).vector_rows("summaries")
     ingest(paths[2:], name, minilm, options=IngestOptions(chunk_size=100, window=4, summarizer="none"), progress=False)
     store = Mindscape(name)
-    _assert_summary_vectors_equal_a_full_read(store)
-    assert not any(i.startswith(f"{book_id(paths[2])}:") for i in store._summary_rows()[0])
+    _assert_vectors_equal_a_full_read(store)
+    assert not any(i.startswith(f"{book_id(paths[2])}:") for i in store.vector_rows("summaries")[0])

@@ -173,9 +173,9 @@ class _CallLog:
 
 @pytest.mark.parametrize("retriever", ["hybrid", "dense"])
 def test_e2_reads_only_its_search_on_step_zeros_snapshot(retriever: str, tiny_collection, monkeypatch) -> None:
-    """E2 on the snapshot step 0 shared reads no book rows, no count, and no vector step 0 fetched:
-    one search, and one read of the vectors it lacks. Against a Chroma server each read is a round
-    trip (`mia bench scale`). It ranks exactly as E2 on a fresh instance does."""
+    """E2 on the snapshot step 0 shared reads no book rows, no count and no vectors (those are in
+    memory): one search. Against a Chroma server each read is a round trip (`mia bench scale`).
+    It ranks exactly as E2 on a fresh instance does."""
     from langgraph.runtime import Runtime
 
     from nodes import resources
@@ -190,7 +190,7 @@ def test_e2_reads_only_its_search_on_step_zeros_snapshot(retriever: str, tiny_co
     step0_reads, log.calls = log.calls, []
     shared = retrieve_with_signature(state, runtime)["retrieved"]
     assert log.opened == 1, "E2 opened the collection again instead of using step 0's snapshot"
-    assert log.calls in (["chunks.query"], ["chunks.query", "chunks.get"]), log.calls
+    assert log.calls == ["chunks.query"], log.calls
     assert "books.get" in step0_reads and "chunks.count" in step0_reads
     e2_reads, log.calls = log.calls, []
     fresh = retrieve_with_signature({**state, "snapshot": ""}, runtime)["retrieved"]
@@ -213,9 +213,10 @@ def test_shared_snapshots_are_bounded(tiny_collection) -> None:
         resources.mindscape(Context(collection="other-name"), tokens[1])
 
 
-def test_rag_query_only_reads_no_dense_vectors(tiny_collection, minilm, monkeypatch) -> None:
-    """rag's E1 needs the dense hits' cosines, which the search returns: it asks Chroma for no
-    vectors but those of BM25-only hits, and reports the same cosines as the vectors give."""
+@pytest.mark.parametrize("for_signature", [False, True])
+def test_searches_read_distances_only(tiny_collection, minilm, monkeypatch, for_signature: bool) -> None:
+    """The dense hits' cosines come with the search, the vectors from memory: a search asks Chroma
+    for distances only, and the cosines reported equal the stored vectors' (BM25-only hits too)."""
     store = tiny_collection.store
     ids, vectors = _all_chunks(store)
     query_vec = minilm.embed_query(QUESTIONS[1])
@@ -223,11 +224,15 @@ def test_rag_query_only_reads_no_dense_vectors(tiny_collection, minilm, monkeypa
     asked: list[Any] = []
     original = fresh.chunks.query
     monkeypatch.setattr(fresh.chunks, "query", lambda *a, **kw: asked.append(kw["include"]) or original(*a, **kw))
-    hits = query_only(fresh, query_vec, 8, text=QUESTIONS[1], fusion=Fusion(), depth=10, for_signature=False)
+    hits = query_only(fresh, query_vec, 8, text=QUESTIONS[1], fusion=Fusion(), depth=10, for_signature=for_signature)
     assert asked == [["distances"]]
     assert len(hits) == 8
     for h in hits:
-        assert h.cosine == pytest.approx(float(vectors[ids.index(h.id)] @ query_vec), abs=1e-5)
+        stored = vectors[ids.index(h.id)]
+        assert h.cosine == pytest.approx(float(stored @ query_vec), abs=1e-5)
+        if for_signature:
+            np.testing.assert_allclose(h.vector, stored, atol=1e-6)
+            assert h.summary_id
 
 
 # ---------------------------------------------------------------------------------------------
