@@ -5,9 +5,10 @@ books in path order, each prefix ending at the book boundary closest to the aske
 library), with extractive summaries, in a temporary store. After each step:
 
 * ingestion tokens/s, and its ratio to pure embedding: the step's ingestion (chunking, extractive
-  summaries, writing, the BM25 chunk index and the in-memory summary vectors brought up to date)
-  over ``embed_documents`` on the very chunk and summary texts it embedded, with the same batch
-  size, timed right after it in the same process;
+  summaries, writing, the BM25 chunk index and the in-memory vectors brought up to date) over
+  ``embed_documents`` on the very chunk and summary texts it embedded, with the same batch size;
+  book by book, each book's ingestion followed at once by the embedding of its texts, so that the
+  machine's drift over a step of many minutes falls on both sides alike;
 * the process's peak RSS so far and the store's bytes on disk (Chroma plus the BM25 index);
 * retrieval latency p50 / p95 of ``rag`` and ``mia_rag`` through the compiled graphs (retrieval
   only) on the same questions at every size: sentences of the first step's collection
@@ -136,22 +137,51 @@ class _Library:
     def add(self, sources: Sequence[Any], collection: str | None = None) -> dict[str, Any]:
         """Ingest ``sources`` and bring the BM25 chunk index and the in-memory vectors up to date,
         as the first question after an ingestion would; timed end to end."""
-        from stores.bm25 import ChunkIndex
         from stores.ingest import ingest
-        from stores.mindscape import Mindscape
 
         name = collection or self.name
         started = time.perf_counter()
         report = ingest([s.path for s in sources], name, self.embedder, options=self.options, client=self.client,
                         cache=self.cache, progress=False)
         ingested = time.perf_counter()
-        store = Mindscape(name, self.client)
+        index_seconds = self.refresh(name)
+        return {"seconds": ingested - started + index_seconds, "ingest_seconds": ingested - started,
+                "index_seconds": index_seconds, "tokens": report.tokens, "chunks": report.chunks,
+                "summaries": report.summaries}
+
+    def add_paired(self, sources: Sequence[Any]) -> tuple[dict[str, Any], float]:
+        """``add`` of ``sources`` one book at a time, each book followed by the pure embedding of its
+        texts, then one index update: (the step's figures, its pure-embedding seconds).
+
+        A whole step's ingestion then a whole step's embedding are minutes apart, and this
+        machine's speed drifts over minutes: three runs of the same ingestion code gave ratios of
+        1.05, 1.12 and 1.17. Pairs seconds apart put the drift on both sides alike."""
+        from stores.ingest import ingest
+
+        seconds = pure = 0.0
+        tokens = chunks = summaries = 0
+        for source in sources:
+            started = time.perf_counter()
+            report = ingest([source.path], self.name, self.embedder, options=self.options, client=self.client,
+                            cache=self.cache, progress=False)
+            seconds += time.perf_counter() - started
+            tokens, chunks, summaries = tokens + report.tokens, chunks + report.chunks, summaries + report.summaries
+            pure += self.pure_embedding([source])
+        index_seconds = self.refresh(self.name)
+        return ({"seconds": seconds + index_seconds, "ingest_seconds": seconds, "index_seconds": index_seconds,
+                 "tokens": tokens, "chunks": chunks, "summaries": summaries}, pure)
+
+    def refresh(self, collection: str) -> float:
+        """Seconds to bring the BM25 chunk index and the in-memory vectors up to date."""
+        from stores.bm25 import ChunkIndex
+        from stores.mindscape import Mindscape
+
+        started = time.perf_counter()
+        store = Mindscape(collection, self.client)
         ChunkIndex.for_collection(store, stem=self.stem)
         store.vector_rows("chunks")
         store.vector_rows("summaries")
-        done = time.perf_counter()
-        return {"seconds": done - started, "ingest_seconds": ingested - started, "index_seconds": done - ingested,
-                "tokens": report.tokens, "chunks": report.chunks, "summaries": report.summaries, "stages": report.seconds}
+        return time.perf_counter() - started
 
     def pure_embedding(self, sources: Sequence[Any], collection: str | None = None) -> float:
         """``embed_documents`` alone on the chunk and summary texts the ingestion of ``sources`` embedded."""
@@ -256,8 +286,7 @@ def measure_scale(books: Path, fractions: Sequence[float] = DEFAULT_FRACTIONS, h
             done = 0
             for end in ends:
                 bar.set_postfix_str(f"ingesting {end} of {len(grown)} books")
-                step = library.add(grown[done:end])
-                pure = library.pure_embedding(grown[done:end])
+                step, pure = library.add_paired(grown[done:end])
                 done = end
                 store = Mindscape(name, client)
                 questions = questions or questions_from(store, n_questions)
