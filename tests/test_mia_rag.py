@@ -17,6 +17,7 @@ import pytest
 from nodes.context import Context
 from nodes.qa import select_signature
 from nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
+from stores.mindscape import MindscapeError
 from tests.conftest import requires_data, story_text
 
 pytestmark = requires_data
@@ -172,10 +173,10 @@ class _CallLog:
 
 
 @pytest.mark.parametrize("retriever", ["hybrid", "dense"])
-def test_e2_reads_only_its_search_on_step_zeros_snapshot(retriever: str, tiny_collection, monkeypatch) -> None:
-    """E2 on the snapshot step 0 shared reads no book rows, no count and no vectors (those are in
-    memory): one search. Against a Chroma server each read is a round trip (`mia bench scale`).
-    It ranks exactly as E2 on a fresh instance does."""
+def test_e2_reads_nothing_on_step_zeros_snapshot(retriever: str, tiny_collection, monkeypatch) -> None:
+    """E2 on the snapshot step 0 shared reads no book rows, no count and no vectors, and searches
+    in memory: no Chroma call at all. Against a Chroma server each read is a round trip (`mia bench
+    scale`). It ranks exactly as E2 on a fresh instance does."""
     from langgraph.runtime import Runtime
 
     from nodes import resources
@@ -190,8 +191,8 @@ def test_e2_reads_only_its_search_on_step_zeros_snapshot(retriever: str, tiny_co
     step0_reads, log.calls = log.calls, []
     shared = retrieve_with_signature(state, runtime)["retrieved"]
     assert log.opened == 1, "E2 opened the collection again instead of using step 0's snapshot"
-    assert log.calls == ["chunks.query"], log.calls
-    assert "books.get" in step0_reads and "chunks.count" in step0_reads
+    assert log.calls == [], log.calls
+    assert "books.get" in step0_reads
     e2_reads, log.calls = log.calls, []
     fresh = retrieve_with_signature({**state, "snapshot": ""}, runtime)["retrieved"]
     assert log.opened == 2 and "books.get" in log.calls and len(log.calls) > len(e2_reads), log.calls
@@ -214,18 +215,18 @@ def test_shared_snapshots_are_bounded(tiny_collection) -> None:
 
 
 @pytest.mark.parametrize("for_signature", [False, True])
-def test_searches_read_distances_only(tiny_collection, minilm, monkeypatch, for_signature: bool) -> None:
-    """The dense hits' cosines come with the search, the vectors from memory: a search asks Chroma
-    for distances only, and the cosines reported equal the stored vectors' (BM25-only hits too)."""
+def test_searches_ask_chroma_nothing(tiny_collection, minilm, monkeypatch, for_signature: bool) -> None:
+    """Once a collection's vectors are in memory, E1 reads only the book rows: the search, the
+    cosines and the vectors come from memory, and the cosines equal the stored vectors' (BM25-only
+    hits too)."""
     store = tiny_collection.store
     ids, vectors = _all_chunks(store)
     query_vec = minilm.embed_query(QUESTIONS[1])
+    query_only(store, query_vec, 8, text=QUESTIONS[1], fusion=Fusion(), depth=10)  # vectors and BM25 into memory
+    log = _CallLog(monkeypatch)
     fresh = type(store)(store.name)
-    asked: list[Any] = []
-    original = fresh.chunks.query
-    monkeypatch.setattr(fresh.chunks, "query", lambda *a, **kw: asked.append(kw["include"]) or original(*a, **kw))
     hits = query_only(fresh, query_vec, 8, text=QUESTIONS[1], fusion=Fusion(), depth=10, for_signature=for_signature)
-    assert asked == [["distances"]]
+    assert log.calls == ["books.get"], log.calls
     assert len(hits) == 8
     for h in hits:
         stored = vectors[ids.index(h.id)]
@@ -233,6 +234,30 @@ def test_searches_read_distances_only(tiny_collection, minilm, monkeypatch, for_
         if for_signature:
             np.testing.assert_allclose(h.vector, stored, atol=1e-6)
             assert h.summary_id
+
+
+def test_dense_search_is_exact(tiny_collection, minilm) -> None:
+    """The search is brute force over every committed chunk: its hits' cosines are the stored
+    vectors' and are the k largest of all chunks', best first, for every k; and a new instance (as
+    in a new process) returns the same ids in the same order."""
+    store = tiny_collection.store
+    ids, vectors = _all_chunks(store)
+    for question in QUESTIONS:
+        query_vec = minilm.embed_query(question)
+        cosine = vectors @ query_vec / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(query_vec))
+        best = np.sort(cosine)[::-1]
+        for k in (1, 7, len(ids), len(ids) + 5):
+            hits = store.search_chunks(query_vec, k)
+            assert len({h.id for h in hits}) == len(hits) == min(k, len(ids))
+            assert [h.score for h in hits] == pytest.approx([float(cosine[ids.index(h.id)]) for h in hits], abs=1e-5)
+            assert [h.score for h in hits] == pytest.approx(list(best[:k]), abs=1e-5)
+            assert [h.id for h in hits] == [h.id for h in type(store)(store.name).search_chunks(query_vec, k)]
+    assert store.search_chunks(minilm.embed_query(QUESTIONS[0]), 0) == []
+
+
+def test_dense_search_names_a_wrong_embedder(tiny_collection) -> None:
+    with pytest.raises(MindscapeError, match="384-dimensional vectors of embedder .*the query has 3"):
+        tiny_collection.store.search_chunks(np.ones(3, dtype=np.float32), 5)
 
 
 # ---------------------------------------------------------------------------------------------
