@@ -4,8 +4,9 @@ Why a script of its own: each candidate would otherwise need its own BM25 index 
 Here the collection's chunks and vectors are read once and ``rag``'s first stage is replayed in
 memory exactly as ``nodes.retrieval.query_only`` runs it (dense top ``candidates`` fused with BM25's
 top ``candidates`` by weighted reciprocal rank fusion, 1/(k + r_dense) + w/(k + r_bm25)), with
-exact dense scores where the graphs ask Chroma's approximate index; the report prints the harness's
-own figures for the shipped default beside the replay's, so the two can be compared.
+exact dense scores, as the graphs compute them too since de40d50 (they asked Chroma's approximate
+index when these settings were chosen); the report prints the harness's own figures for the shipped
+default beside the replay's, so the two can be compared.
 
 Protocol: candidates are scored on the train questions (at most ``--tune-limit``) and val questions
 of the series; the best by mean R@10 among those whose R@1 is not lower than that of the default before (``CURRENT``) is

@@ -1,13 +1,14 @@
 """Tune and measure the signature strategies on fairytale-series (issue 8), retrieval only.
 
 Why a script of its own and not ``mia eval --sweep``: the grid has hundreds of settings over a
-few thousand train+val questions, and the graphs pay a Chroma round trip per question per setting.
+few thousand train+val questions, and the graphs pay a whole run per question per setting.
 Here every question is embedded once, the whole collection's vectors are held in memory, and each
 setting is scored with the same functions the graphs run (``nodes.signature`` selection,
 ``nodes.retrieval.prior_weights`` / ``vote_relevance`` / ``prior_scores``). Scoring every chunk
 exactly equals the graphs' E2 ranking (``dual_signal`` rescoring exactly; ``membership_prior``
-scoring E1 top-N ∪ the signature's sessions, which contains the exact top k), up to the
-approximation of Chroma's vector index, which the check run below bounds.
+scoring E1 top-N ∪ the signature's sessions, which contains the exact top k); the graphs searched
+Chroma's approximate index when this was run, which the check run below bounds (they search exactly
+since de40d50).
 
 Protocol: the grid is scored on train + val only; the best setting by mean R@10 there is then
 run ONCE on test, beside the colleague's table reproduced on the same questions, and — as the

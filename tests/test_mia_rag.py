@@ -160,7 +160,7 @@ class _CallLog:
         monkeypatch.setattr(mindscape.Mindscape, "__init__", opening)
 
     def watch(self, store: Any) -> None:
-        for part in ("books", "chunks"):
+        for part in ("books", "chunks", "summaries", "texts"):
             collection = getattr(store, part)
             for method in ("get", "query", "count"):
                 setattr(collection, method, self._logged(f"{part}.{method}", getattr(collection, method)))
@@ -198,7 +198,8 @@ def test_e2_reads_nothing_on_step_zeros_snapshot(retriever: str, tiny_collection
     assert log.opened == 2 and "books.get" in log.calls and len(log.calls) > len(e2_reads), log.calls
     assert shared == fresh
     # A token this process does not hold (another worker, a resumed run) reads afresh.
-    assert resources.mindscape(runtime.context, "not-a-token") is not resources.mindscape(runtime.context, state["snapshot"])
+    assert resources.mindscape(runtime.context, state["snapshot"]) is not None and log.opened == 2
+    assert resources.mindscape(runtime.context, "not-a-token") is not None and log.opened == 3
 
 
 def test_shared_snapshots_are_bounded(tiny_collection) -> None:
@@ -236,10 +237,12 @@ def test_searches_ask_chroma_nothing(tiny_collection, minilm, monkeypatch, for_s
             assert h.summary_id
 
 
-def test_dense_search_is_exact(tiny_collection, minilm) -> None:
+def test_dense_search_is_exact(tiny_collection, minilm, monkeypatch) -> None:
     """The search is brute force over every committed chunk: its hits' cosines are the stored
-    vectors' and are the k largest of all chunks', best first, for every k; and a new instance (as
-    in a new process) returns the same ids in the same order."""
+    vectors' and are the k largest of all chunks', best first, for every k; and a new instance with
+    nothing in memory (as in a new process) returns the same ids in the same order."""
+    from stores import mindscape
+
     store = tiny_collection.store
     ids, vectors = _all_chunks(store)
     for question in QUESTIONS:
@@ -251,8 +254,23 @@ def test_dense_search_is_exact(tiny_collection, minilm) -> None:
             assert len({h.id for h in hits}) == len(hits) == min(k, len(ids))
             assert [h.score for h in hits] == pytest.approx([float(cosine[ids.index(h.id)]) for h in hits], abs=1e-5)
             assert [h.score for h in hits] == pytest.approx(list(best[:k]), abs=1e-5)
+            monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
             assert [h.id for h in hits] == [h.id for h in type(store)(store.name).search_chunks(query_vec, k)]
     assert store.search_chunks(minilm.embed_query(QUESTIONS[0]), 0) == []
+
+
+def test_dense_search_breaks_ties_by_row_also_at_the_cut(monkeypatch) -> None:
+    """Equal cosines (the same passage in two books) rank by row, whichever rows the cut leaves out."""
+    from stores import mindscape
+
+    a, b = np.array([1.0, 0.0], dtype=np.float32), np.array([0.6, 0.8], dtype=np.float32)
+    matrix = np.stack([b, a, b, a, a])
+    held = mindscape._Vectors((), ["r0", "r1", "r2", "r3", "r4"], {}, matrix, np.linalg.norm(matrix, axis=1), {})
+    store = object.__new__(mindscape.Mindscape)
+    monkeypatch.setattr(store, "_vectors", lambda collection: held, raising=False)
+    assert [h.id for h in store.search_chunks(a, 2)] == ["r1", "r3"]
+    assert [h.id for h in store.search_chunks(2 * a, 4)] == ["r1", "r3", "r4", "r0"]
+    assert [h.score for h in store.search_chunks(a, 5)] == pytest.approx([1, 1, 1, 0.6, 0.6])
 
 
 def test_dense_search_names_a_wrong_embedder(tiny_collection) -> None:

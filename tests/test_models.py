@@ -39,6 +39,15 @@ def _cosines(vectors: np.ndarray) -> np.ndarray:
     return vectors @ vectors.T
 
 
+def test_loading_an_embedder_keeps_openblas_to_one_thread() -> None:
+    """numpy's (and scipy's) OpenBLAS threads would otherwise spin on the cores torch embeds on."""
+    from threadpoolctl import threadpool_info
+
+    embeddings_module.load_embedder("minilm")
+    pools = [p for p in threadpool_info() if p["internal_api"] == "openblas"]
+    assert pools and all(p["num_threads"] == 1 for p in pools), pools
+
+
 def test_minilm_loads_offline_and_embeds(no_network: None) -> None:
     embedder = embeddings_module._load_embedder.__wrapped__("minilm")
     assert embedder.name == "all-MiniLM-L6-v2"
