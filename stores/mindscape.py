@@ -287,7 +287,7 @@ class Mindscape:
         the update costs what changed. The price is memory: 4 bytes per dimension per row (1.5 KB a
         chunk with MiniLM, 19 MB for the 2.4M-token books library), for the ``VECTOR_COLLECTIONS``
         collections used last; and a fresh process's first question reads the whole collection
-        (the index update of `mia bench scale`: 2.3 s for those 2.4M tokens).
+        (the index update of `mia bench scale`: 2.0 s for those 2.4M tokens).
         """
         held = self._vectors(collection)
         return held.rows, held.matrix
@@ -354,8 +354,8 @@ class Mindscape:
 
         Exact, not Chroma's HNSW index: on the fairy-tale test collection (1,433 chunks) its top 100
         missed 2 of the true top 100, the chunk at rank 19 among them, and which it missed changed
-        from one process to the next, so two runs of the same evaluation ranked 4% of the questions
-        differently. With the vectors in memory already, one matrix product is exact, repeatable,
+        from one process to the next, so two runs of the same evaluation ranked 3.7% of the questions
+        differently (the recall-at-scale report, evals/README). With the vectors in memory already, one matrix product is exact, repeatable,
         and no round trip to a server. Ties go to the earlier row (books in name order)."""
         held = self._vectors("chunks")
         if k <= 0 or not held.ids:
