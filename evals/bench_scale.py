@@ -182,13 +182,13 @@ class _Library:
         store.vector_rows("summaries")
         return time.perf_counter() - started
 
-    def pure_embedding(self, sources: Sequence[Any], collection: str | None = None) -> float:
+    def pure_embedding(self, sources: Sequence[Any]) -> float:
         """``embed_documents`` alone on the chunk and summary texts the ingestion of ``sources`` embedded."""
         from stores.ingest import EMBED_BATCH, chunk_book
         from stores.mindscape import Mindscape
 
         texts = [c.text for s in sources for c in chunk_book(s.text, self.options, self.embedder)[1]]
-        got = Mindscape(collection or self.name, self.client).summaries.get(
+        got = Mindscape(self.name, self.client).summaries.get(
             where={"book": {"$in": [s.book for s in sources]}}, include=["documents"])
         texts += list(got["documents"])
         started = time.perf_counter()

@@ -299,7 +299,8 @@ class Mindscape:
             if held is not None and held.version == version:
                 _VECTOR_ROWS.move_to_end(key)
                 return held
-            rows_of = {b: row for b, row in version if b in self.committed_books()}
+            committed = self.committed_books()
+            rows_of = {b: row for b, row in version if b in committed}
             blocks: list[tuple[list[str], np.ndarray]] = []
             spans: dict[str, tuple[tuple[Any, ...], int, int]] = {}
             complete, at = True, 0
@@ -355,8 +356,9 @@ class Mindscape:
         Exact, not Chroma's HNSW index: on the fairy-tale test collection (1,433 chunks) its top 100
         missed 2 of the true top 100, the chunk at rank 19 among them, and which it missed changed
         from one process to the next, so two runs of the same evaluation ranked 3.7% of the questions
-        differently (the recall-at-scale report, evals/README). With the vectors in memory already, one matrix product is exact, repeatable,
-        and no round trip to a server. Ties go to the earlier row (books in name order)."""
+        differently (the recall-at-scale report, evals/README). With the vectors in memory already,
+        one matrix product is exact, repeatable, and no round trip to a server. Ties go to the
+        earlier row (books in name order)."""
         held = self._vectors("chunks")
         if k <= 0 or not held.ids:
             return []
