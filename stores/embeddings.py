@@ -138,9 +138,9 @@ def _one_blas_thread() -> None:
     """numpy's OpenBLAS to one thread, in every process that embeds.
 
     OpenBLAS's threads spin on the cores for a while after each product, and torch's (and
-    llama.cpp's) find them busy: on 2 cores a query embedding then took 11–121 ms instead of 8–16,
-    and retrieval p50 from ~19 to ~35 ms, by chance per question (the 2.9M-token collection of
-    the recall-at-scale report, 50 questions).
+    llama.cpp's) find them busy: on 2 cores a query embedding took 35–41 ms on average (median
+    21–26) instead of 15 (median 14), by chance per question (`mia bench retrieval --questions 50`
+    on the 2.89M-token collection of the recall-at-scale report, at de40d50 and after this).
     Our numpy products (the exact dense search over ~12k chunks, signature selection) are small
     enough for one thread; torch's own MKL and OpenMP are left as they are. Once per embedder
     loaded, after it, as loading it loads scipy's OpenBLAS too."""

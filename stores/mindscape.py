@@ -353,12 +353,11 @@ class Mindscape:
         """The k committed chunks nearest by cosine similarity, exactly, over the vectors kept in
         memory (``vector_rows``); optionally with those vectors and their sessions π(c).
 
-        Exact, not Chroma's HNSW index: on the fairy-tale test collection (1,433 chunks) its top 100
-        missed 2 of the true top 100, the chunk at rank 19 among them, and which it missed changed
-        from one process to the next, so two runs of the same evaluation ranked 3.7% of the questions
-        differently (the recall-at-scale report, evals/README). With the vectors in memory already,
-        one matrix product is exact, repeatable, and no round trip to a server. Ties go to the
-        earlier row (books in name order)."""
+        Exact, not Chroma's HNSW index: the index missed near neighbours, and which it missed
+        changed from one process to the next, so two runs of the recall-at-scale command ranked
+        129 of its 3,492 rankings (3.7%) differently (evals/README). With the vectors in memory
+        already, one matrix product is exact, repeatable, and no round trip to a server. Ties go to
+        the earlier row (books in name order)."""
         held = self._vectors("chunks")
         if k <= 0 or not held.ids:
             return []
