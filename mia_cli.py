@@ -139,7 +139,7 @@ def run_question(graph_name: str, question: str, settings: dict[str, Any], optio
     return final, steps
 
 
-def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]], retriever: str) -> str:
+def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]], retriever: str, sig_strategy: str) -> str:
     from stores.mindscape import Mindscape
 
     store = Mindscape(store_name)
@@ -151,7 +151,11 @@ def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]
             lines.append(f"  {s['id']}: {s['gain']:.3f} = {s['relevance']:.3f} + {s['coverage']:.3f} + {s['diversity']:.3f}")
             lines.append(f"      {texts.get(s['id'], '')[:160]}")
     fused = " (score: reciprocal rank fusion with BM25)" if retriever == "hybrid" else ""
-    for label, key in ((f"Step-0 ranking (query only){fused}", "step0"), (f"Final ranking{fused}", "retrieved")):
+    final = fused
+    if state.get("signature") and sig_strategy == "trained":
+        final = (" (score: the trained signature head, κ·first-stage score + λ·signature-aware cosine + β·session "
+                 "attention; s_sig: the score beyond the first stage's, i.e. the last two terms; the first stage's best hit leads)")
+    for label, key in ((f"Step-0 ranking (query only){fused}", "step0"), (f"Final ranking{final}", "retrieved")):
         rows = state.get(key) or []
         if rows:
             lines.append(f"{label}:")
@@ -209,7 +213,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.explain:
         from nodes.context import context_from
 
-        print(_explain(args.collection, state, steps, context_from(settings).retriever))
+        ctx = context_from(settings)
+        print(_explain(args.collection, state, steps, ctx.retriever, ctx.sig_strategy))
         print()
     messages = state.get("messages") or []
     print(messages[-1].text if messages else state.get("answer", ""))
@@ -323,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     from graph import server
 
     eval_cli.register(sub)
+    eval_cli.register_train(sub)
     bench.register(sub)
     server.register(sub)
     return parser

@@ -209,7 +209,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     from nodes import resources
     from nodes.context import context_from
     from nodes.qa import select_signature
-    from nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
+    from nodes.retrieval import Fusion, query_only, signature_ranking
     from nodes.signature import coverage_aware, summary_pool
     from stores.mindscape import Mindscape
 
@@ -236,8 +236,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t2 = time.perf_counter()
         picks = select_signature(store, question, query_vec, step0, ctx, default="coverage")
         t3 = time.perf_counter()
-        sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, [p["id"] for p in picks])
-        dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, text=question, fusion=fusion)
+        signature_ranking(ctx, store, embedder, question, query_vec, [p["id"] for p in picks], ctx.top_k)
         t4 = time.perf_counter()
         # The greedy alone (Alg. 2 on arrays already in memory), apart from fetching them from Chroma.
         records = store.chunk_records([h.id for h in step0], documents=False)

@@ -102,6 +102,37 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("evals/results/train-retriever"),
+                   help="folder for signature-head.npz, its card and curve.png (stores/weights replaces the shipped head)")
+    p.add_argument("--epochs", type=int, default=8, help="epochs; the one with the best val Recall@10 is kept")
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--rank", type=int, default=8, help="rank of the query→summary attention map")
+    p.add_argument("--fusion-rank", type=int, default=16, help="rank of the signature→query map P·Q")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--delta", type=float, default=0.5, help="δ used in training; set the same `delta` when asking")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def cmd_train_retriever(args: argparse.Namespace) -> int:
+    from evals.train_retriever import run  # heavy (torch, the graphs' nodes): only for `mia train retriever`
+
+    return run(args)
+
+
+def register_train(subparsers: Any) -> None:
+    """Add ``train retriever`` to a parser's subcommands."""
+    p = subparsers.add_parser("train", help="train models on train splits (the signature head)")
+    models = p.add_subparsers(dest="model", required=True)
+    r = models.add_parser("retriever", help="train the signature head (sig_strategy=trained) on FairytaleQA train stories",
+                          description="Train the signature head (sig_strategy=trained) on FairytaleQA train stories, "
+                                      "pick its epoch on the fairy-tale val split; see evals/train_retriever.py.")
+    add_train_arguments(r)
+    r.set_defaults(func=cmd_train_retriever)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``eval`` to a parser's subcommands; the handler is ``args.func``."""
     p = subparsers.add_parser(
@@ -109,7 +140,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="Every system on the same questions; resumable (finished questions are cached in the output folder).",
     )
     p.add_argument("--dataset", required=True,
-                   help="fairytale-series, fairytale-series-titled, multihop-synth, custom, or a built data set's folder")
+                   help="fairytale-series, fairytale-series-titled, fairytale-train (train stories only: training), multihop-synth, custom, or a built data set's folder")
     p.add_argument("--split", help="question split (default: test; multihop-synth: dev, or train: 2Wiki train questions for tuning)")
     p.add_argument("--length", type=_lengths, metavar="TOKENS[,TOKENS...]",
                    help="multihop-synth document length(s) in tokens (default 32000)")

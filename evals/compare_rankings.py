@@ -14,7 +14,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-Key = tuple[str, int, str]
+Key = tuple[str, int | None, str]
+"""(system, source length, question id); the length is None for data sets of one length per question."""
 
 
 def rankings(path: Path) -> dict[Key, list[str]]:
@@ -23,15 +24,16 @@ def rankings(path: Path) -> dict[Key, list[str]]:
         return {(r["system"], r["length"], r["id"]): r["retrieved"] for r in map(json.loads, lines)}
 
 
-def compare(a: dict[Key, list[str]], b: dict[Key, list[str]]) -> dict[tuple[str, int], dict[str, int]]:
+def compare(a: dict[Key, list[str]], b: dict[Key, list[str]]) -> dict[tuple[str, int | None], dict[str, int]]:
     """Per (system, length): questions in both runs, rankings that differ, and those whose first hit differs."""
-    counts: dict[str, Counter[tuple[str, int]]] = {"questions": Counter(), "differ": Counter(), "differ_at_1": Counter()}
+    counts: dict[str, Counter[tuple[str, int | None]]] = {"questions": Counter(), "differ": Counter(), "differ_at_1": Counter()}
     for key in a.keys() & b.keys():
         group = key[:2]
         counts["questions"][group] += 1
         counts["differ"][group] += a[key] != b[key]
         counts["differ_at_1"][group] += a[key][:1] != b[key][:1]
-    return {g: {name: c[g] for name, c in counts.items()} for g in sorted(counts["questions"])}
+    groups = sorted(counts["questions"], key=lambda g: (g[0], g[1] or 0))
+    return {g: {name: c[g] for name, c in counts.items()} for g in groups}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| system | length | questions | rankings that differ | first hit differs |\n|---|---|---|---|---|")
     for (system, length), c in table.items():
         n = c["questions"]
-        print(f"| {system} | {length:,} | {n} | {c['differ']} ({100 * c['differ'] / n:.1f}%) "
+        print(f"| {system} | {'-' if length is None else f'{length:,}'} | {n} | {c['differ']} ({100 * c['differ'] / n:.1f}%) "
               f"| {c['differ_at_1']} ({100 * c['differ_at_1'] / n:.1f}%) |")
     total, differ = sum(c["questions"] for c in table.values()), sum(c["differ"] for c in table.values())
     print(f"\n{differ} of {total} rankings differ ({100 * differ / max(total, 1):.1f}%); "

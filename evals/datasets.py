@@ -38,6 +38,13 @@ from stores.tokens import count_tokens
 DATA_ENV = "MIA_DATA"
 SPLITS = ("train", "val", "test")
 DEFAULT_ORIGINS = ("norwegian-fairybook", "scottish-fairybook", "swedish-fairybook", "lilac-fairybook")
+TRAIN_ORIGINS = (
+    "andersen-fairybook", "beatrix-potter-fairybook", "blue-fairybook", "chinese-fairybook", "first-round",
+    "green-fairybook", "grimm-fairybook", "irish-fairybook", "japanese-fairybook", "lilac-fairybook",
+    "native-american-fairybook", "norwegian-fairybook", "scottish-fairybook", "swedish-fairybook",
+    "wonderclock-fairybook",
+)
+"""Every FairytaleQA origin with train stories: ``fairytale-train`` merges each one's into a book."""
 MULTIHOP_FILES = {"hotpot": "hotpot.json", "musique": "musique.json", "wikihop": "wikihop.json"}
 MULTIHOP_TRAIN_FILES = {"wikihop": "wikihop_train_preprocess.json"}
 """The train split: 2Wiki train questions, for tuning what the dev questions then measure."""
@@ -243,6 +250,7 @@ def build_fairytale_series(
     title_prefix: bool = False,
     data_root: Path | None = None,
     interference_tokens: int = 0,
+    split_stories_only: bool = False,
 ) -> Dataset:
     """One long book per FairytaleQA origin, questions from one split (MiA-Signature style).
 
@@ -255,6 +263,10 @@ def build_fairytale_series(
     books, in path order, until at least that many tokens are added (all of them when the library
     is smaller): recall at scale, where the mindscape grows while the questions and their gold
     spans (in the fairy books, which stay as they are) do not change.
+
+    ``split_stories_only`` keeps only the split's own stories in the books: the training
+    collection of ``fairytale-train`` (every origin's train stories), in which no val or test
+    story appears, not even as a negative, so a model trained on it has seen no evaluation story.
     """
     if interference_tokens < 0:
         raise DatasetError(f"interference must be 0 or more tokens, got {interference_tokens}")
@@ -269,6 +281,11 @@ def build_fairytale_series(
         raise DatasetError(f"unknown FairytaleQA origins {unknown}; story_meta.csv has {sorted(known)}")
     name = "fairytale-series-titled" if title_prefix else "fairytale-series"
     params: dict[str, Any] = {"origins": list(origins), "title_prefix": title_prefix}
+    if split_stories_only:
+        if split != "train":
+            raise DatasetError(f"fairytale-train holds train-split stories only: use --split train, not {split!r}")
+        name = "fairytale-train"
+        params["split_stories_only"] = True
     library = _interference_books(root, interference_tokens) if interference_tokens else []
     if library:  # only then: the params name the build and its collection, and must stay as before without
         params["interference_tokens"] = interference_tokens
@@ -291,7 +308,7 @@ def build_fairytale_series(
         for origin in origins:
             parts: list[str] = []
             offset = 0
-            for row in (r for r in meta_rows if r["origin"] == origin):
+            for row in (r for r in meta_rows if r["origin"] == origin and (r["split"] == split or not split_stories_only)):
                 story, title = row["filename"], _story_title(row["filename"])
                 if parts:
                     parts.append(PARAGRAPH_SEP)
@@ -685,6 +702,7 @@ def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: s
 BUILDERS: dict[str, Callable[..., Dataset]] = {
     "fairytale-series": build_fairytale_series,
     "fairytale-series-titled": functools.partial(build_fairytale_series, title_prefix=True),
+    "fairytale-train": functools.partial(build_fairytale_series, origins=TRAIN_ORIGINS, split_stories_only=True),
     "multihop-synth": build_multihop_synth,
     "custom": build_custom,
 }

@@ -49,6 +49,7 @@ from stores.embeddings import load_embedder
 from stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, book_id, ingest
 from stores.mindscape import Mindscape
 from stores.settings import mia_home
+from stores.signature_head import head_digest
 
 RECALL_KS = (1, 5, 10, 20)
 INGEST_KEYS = tuple(f.name for f in fields(IngestOptions))
@@ -68,7 +69,7 @@ DEFAULT_LENGTH = 32000
 # since: a result computed under the old default keeps its fingerprint, and one under the new default
 # gets a new one. Add a line here whenever a Context default changes.
 FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60, "bm25_stemming": False,
-                                         "open_answer": "sentence"}
+                                         "open_answer": "sentence", "sig_strategy": "centroid"}
 HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 """Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
 OPEN_ANSWER_ONLY = frozenset({"open_answer"})
@@ -97,7 +98,7 @@ class Variant:
         (``graph.registry``), so ``rag`` under α = 0.2 or 0.5 is one configuration, and so is
         ``infmem`` under either retriever, and neither are the fusion's settings under dense
         retrieval (``HYBRID_ONLY``) nor the open answer's style where no open answer is written
-        (``OPEN_ANSWER_ONLY``)."""
+        (``OPEN_ANSWER_ONLY``). Under ``sig_strategy=trained`` the head's sha256 is part of it."""
         read = registry.settings_read(self.graph) - {"collection"}
         if self.context.retriever != "hybrid":
             read -= HYBRID_ONLY
@@ -108,6 +109,8 @@ class Variant:
             if f.name in read and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
         }
         payload = {"graph": self.graph, "context": changed, "ingest": ingest_key(self.ingest)}
+        if "sig_strategy" in read and self.context.sig_strategy == "trained":
+            payload["head"] = head_digest(self.context.sig_weights)  # a retrained head is another configuration
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -241,7 +244,7 @@ def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, s
 
 
 def _default_split(dataset: str) -> str:
-    return "dev" if dataset == "multihop-synth" else "test"
+    return {"multihop-synth": "dev", "fairytale-train": "train"}.get(dataset, "test")
 
 
 def prepare_parts(

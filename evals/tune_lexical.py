@@ -32,7 +32,7 @@ import numpy as np
 
 from evals import metrics
 from evals.runner import RECALL_KS, _book_ids, collection_name, run_eval
-from evals.tune_signature import Corpus, Question, load_corpus, prepare_questions, recalls, series_parts
+from evals.replay import Corpus, Question, load_corpus, prepare_questions, recalls, series_parts
 from nodes.context import Context
 from stores.bm25 import tokenize
 from stores.ingest import IngestOptions

@@ -44,8 +44,8 @@ from stores.paths import PathError, ingest_root, resolve_under
 
 KEYS_ENV = "MIA_API_KEYS"
 PERMISSION_PREFIX = "collection:"
-# Run settings that choose models and endpoints: server-side for restricted keys.
-SERVER_SETTINGS = ("chat_base_url", "chat_model", "embedder", "selection_embedder")
+# Run settings that choose models, weights files and endpoints: server-side for restricted keys.
+SERVER_SETTINGS = ("chat_base_url", "chat_model", "embedder", "selection_embedder", "sig_weights")
 INGEST_GRAPH = "ingest"
 
 Keys = Mapping[str, tuple[str, ...]]

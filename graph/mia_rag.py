@@ -1,7 +1,8 @@
 """Graph ``mia_rag``: static MiA-RAG (Sec. 3.2.2).
 
 Step-0 query-only retrieval of K0 chunks → InitSignature (coverage-aware greedy selection of
-K_sum session summaries, App. A) → retrieval conditioned on query + signature (Eq. 4) → answer.
+K_sum session summaries, App. A) → retrieval conditioned on query + signature (the trained signature
+head by default, the paper's Eq. 4 with sig_strategy centroid/concat/mia) → answer.
 """
 
 from __future__ import annotations

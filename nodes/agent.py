@@ -25,7 +25,7 @@ from nodes.answer import options_for, usage_of
 from nodes.context import Context
 from nodes.qa import prepare as prepare_question
 from nodes.qa import initial_signature
-from nodes.retrieval import Fusion, as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
 from nodes.state import AgentState
 from prompts.injection import decode, planted
 from stores.chat import json_call
@@ -97,14 +97,7 @@ def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
         hits = query_only(store, query_vec, ctx.step_k, text=state["query"], fusion=fusion, depth=ctx.candidates,
                           for_signature=False)
         return {"retrieved": as_scored(hits)}
-    if ctx.sig_strategy == "prior":
-        # σ_t is refined by Update and may hold summaries step 0 never lit: weigh by relevance to q_t.
-        weights = signature_weights(store, query_vec, summary_ids, "relevance", ctx.prior_temperature)
-        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.step_k, ctx.candidates,
-                                text=state["query"], fusion=fusion)
-    else:
-        sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["query"], summary_ids)
-        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.step_k, ctx.candidates, text=state["query"], fusion=fusion)
+    hits = signature_ranking(ctx, store, embedder, state["query"], query_vec, summary_ids, ctx.step_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

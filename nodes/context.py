@@ -14,8 +14,7 @@ from typing import Any, Literal, get_args
 
 AnswerInputs = Literal["chunks", "chunks+sig", "chunks+evi", "chunks+sig+evi", "auto"]
 SignatureInit = Literal["auto", "coverage", "first_k"]
-SigStrategy = Literal["centroid", "concat", "mia", "prior"]
-PriorWeights = Literal["votes", "relevance"]
+SigStrategy = Literal["centroid", "concat", "mia", "trained"]
 AnswerFormat = Literal["open", "choice", "verify"]
 OpenAnswer = Literal["trim", "sentence", "phrase", "schema", "extract"]
 Retriever = Literal["dense", "hybrid"]
@@ -52,7 +51,7 @@ class Context:
     retrieval_only: bool = _setting(False, "Stop after retrieval, with no LLM call (evaluation, debugging).")
     top_k: int = _setting(10, "Chunks given to the generator (static graphs).", group="retrieval")
     retriever: Retriever = _setting(
-        "hybrid", "hybrid: fuse every ranking (step 0, Eq. 4, the agents' steps) with BM25 over the chunks by weighted reciprocal rank fusion (bm25_weight, rrf_k; measured best, issues 8 and 21). dense: the embedder alone, as in the paper.", group="retrieval"
+        "hybrid", "hybrid: fuse every ranking (step 0, E2, the agents' steps) with BM25 over the chunks by weighted reciprocal rank fusion (bm25_weight, rrf_k; measured best, issues 8 and 21). dense: the embedder alone, as in the paper (with sig_strategy=centroid: the trained head learned on hybrid scores).", group="retrieval"
     )
     bm25_weight: float = _setting(
         4.0, "Hybrid retrieval: weight of BM25's ranking in the reciprocal rank fusion, the dense ranking's being 1 (chosen with bm25_stemming on the fairy-tale train and validation questions; 1 is plain RRF).", group="retrieval"
@@ -72,20 +71,21 @@ class Context:
     lambda_c: float = _setting(0.4, "Weight of chunk coverage in the selection objective (λ_C).", group="signature")
     lambda_d: float = _setting(0.3, "Weight of diversity in the selection objective (λ_D).", group="signature")
     alpha: float = _setting(
-        0.2, "Signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5.", group="signature"
+        0.2, "sig_strategy centroid/concat/mia: signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5.", group="signature"
     )
     sig_strategy: SigStrategy = _setting(
-        "centroid", "How s_sig is computed: centroid of the signature's summary vectors, concat (embed signature text + query), mia (decoder embedder's δ-interpolated query), or prior (soft membership prior: chunks inherit their session summary's weight).", group="signature"
+        "trained", "How E2 reads the signature: trained (the default: the signature head of `mia train retriever`, shipped in stores/weights, adds to rag's own fused ranking a learned signature-aware cosine and a session membership term; chosen on the fairy-tale val split), or the paper's Eq. 4 with s_sig from the centroid of the summary vectors, concat (embed signature text + query) or mia (a decoder embedder's δ-interpolated query).", group="signature"
     )
-    prior_weights: PriorWeights = _setting(
-        "votes", "sig_strategy=prior: weight summaries by the soft vote of their step-0 chunks (votes) or by e_q·e_s (relevance; always used by the agents, whose signature evolves past step 0).", group="signature"
+    sig_weights: str = _setting(
+        "", "sig_strategy=trained: the head's weights (.npz with its .json card beside it); empty: the shipped head (stores/weights/signature-head.npz).", group="signature"
     )
-    prior_temperature: float = _setting(0.05, "sig_strategy=prior: softmax temperature τ of the summary weights; smaller is more selective.", group="signature")
-    prior_gate: float = _setting(0.0, "sig_strategy=prior: apply the prior only when the top summary's weight (weights sum to 1) reaches this; else query-only.", group="signature")
+    delta: float = _setting(
+        0.5, "sig_strategy=trained: interpolation δ between the query-only embedding and the head's signature-aware one, as MiA-Emb; the shipped head was trained at 0.5 (its card records it).", group="signature"
+    )
     selection_embedder: str = _setting(
         "", "Embedder whose vectors score the signature selection (coverage-aware InitSignature): bge-m3:PATH (a local BGE-M3 folder: its CLS vectors, as in the paper) or any embedder spec. Empty: the collection's own vectors, no extra model.", group="signature"
     )
-    candidates: int = _setting(100, "Chunks fetched by the interpolated vector search before exact Eq. 4 rescoring.", group="retrieval")
+    candidates: int = _setting(100, "Depth of every first stage: dense and BM25 candidates fused, chunks fetched by the interpolated vector search before exact Eq. 4 rescoring, and the trained head's nearest chunks to its query.", group="retrieval")
 
     answer_inputs: AnswerInputs = _setting(
         "chunks", "What the generator sees besides the question: chunks, +sig, +evi, +sig+evi, or auto (our per-question rule).", group="retrieval"
@@ -128,10 +128,9 @@ class Context:
             (self.rrf_k >= 0, "rrf_k must be non-negative"),
             (self.k_sum >= 1, "k_sum must be at least 1"),
             (0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]"),
+            (0.0 <= self.delta <= 1.0, "delta must be in [0, 1]"),
             (min(self.lambda_q, self.lambda_c, self.lambda_d) >= 0, "lambda_q, lambda_c and lambda_d must be non-negative"),
             (self.candidates >= 1, "candidates must be at least 1"),
-            (self.prior_temperature > 0, "prior_temperature must be positive"),
-            (0.0 <= self.prior_gate <= 1.0, "prior_gate must be in [0, 1]"),
             (self.max_steps >= 1, "max_steps must be at least 1"),
             (self.step_k >= 1, "step_k must be at least 1"),
             (self.max_new_tokens >= 1, "max_new_tokens must be at least 1"),
@@ -143,7 +142,7 @@ class Context:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid setting: {message}")
-        for name, kind in (("retriever", Retriever), ("signature_init", SignatureInit), ("sig_strategy", SigStrategy), ("prior_weights", PriorWeights),
+        for name, kind in (("retriever", Retriever), ("signature_init", SignatureInit), ("sig_strategy", SigStrategy),
                            ("answer_inputs", AnswerInputs), ("answer_format", AnswerFormat),
                            ("open_answer", OpenAnswer)):
             if getattr(self, name) not in get_args(kind):

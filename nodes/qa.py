@@ -15,7 +15,7 @@ from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of, without_sources
 from nodes.context import Context
-from nodes.retrieval import Fusion, as_scored, dual_signal, membership_prior, query_only, signature_vector, signature_weights
+from nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
 from stores.mindscape import ChunkHit
@@ -135,20 +135,14 @@ def selection_vectors(store: Any, ctx: Context, question: str, query_vec: np.nda
 
 
 def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """E2: Eq. 4 over the whole collection, conditioned on the question and the signature; on the
+    """E2 over the whole collection, conditioned on the question and the signature (``sig_strategy``); on the
     snapshot step 0 read, so the books' rows and the vectors it fetched are not read again."""
     ctx = runtime.context
     store = resources.mindscape(ctx, state.get("snapshot", ""))
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]
-    fusion = {"text": state["question"], "fusion": Fusion.of(ctx)}
-    if ctx.sig_strategy == "prior":
-        weights = signature_weights(store, query_vec, summary_ids, ctx.prior_weights, ctx.prior_temperature, state.get("step0") or [])
-        hits = membership_prior(store, query_vec, weights, ctx.alpha, ctx.prior_gate, ctx.top_k, ctx.candidates, **fusion)
-    else:
-        sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, state["question"], summary_ids)
-        hits = dual_signal(store, query_vec, sig_vec, ctx.alpha, ctx.top_k, ctx.candidates, **fusion)
+    hits = signature_ranking(ctx, store, embedder, state["question"], query_vec, summary_ids, ctx.top_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

@@ -29,8 +29,8 @@ def mindscape(ctx: Context, snapshot: str = "") -> Mindscape:
     same run got from ``share``, that node's instance while this process still holds it.
 
     A shared instance keeps the collection handles and the books' rows its first node read, so
-    mia_rag's E2 reads nothing from Chroma (its search runs over the vectors in memory; the
-    ``prior`` strategy still reads its sessions' members): against a Chroma server every read is a
+    mia_rag's E2 reads nothing from Chroma (its search runs over the vectors in memory, its
+    sessions' chunks come from the books' rows): against a Chroma server every read is a
     round trip, and E2 paid all of step 0's again. The run also sees one version of the books from
     step 0 to E2. Without the instance (another worker process, a run resumed from its checkpoint)
     the node reads afresh, which answers the same.

@@ -1,4 +1,4 @@
-"""E1 (query-only) and E2 (query + signature, Eq. 4) retrieval over a whole mindscape.
+"""E1 (query-only) and E2 (query + signature: the trained head, or Eq. 4) retrieval over a whole mindscape.
 
 E2's score s(c) = (1 − α)·e_q·e_c + α·s_sig(c) is linear in the chunk vector for the
 ``centroid``, ``concat`` and ``mia`` strategies (each gives s_sig(c) = e_σ·e_c for some vector
@@ -12,6 +12,10 @@ candidates, and the final order is the fusion of the exact dense ranking and the
 On the fairy-tale series set the dense step 0 misses stories that a name or a rare word would
 find (evals/results/signature-payoff); BM25 is what finds them, and plain RRF (k = 60, equal
 weights) let the weaker dense ranking pull the fused one below BM25 alone, hence the weights.
+
+``sig_strategy=trained`` is not linear in the chunk vector: the trained head (stores.signature_head)
+adds to rag's own fused first stage a signature-aware cosine and a session membership term, scored
+exactly over a candidate set that provably holds the top k (``trained_signature``).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
-from nodes.context import Context, PriorWeights, SigStrategy
+from nodes.context import Context, SigStrategy
 from stores.bm25 import ChunkIndex
 from stores.embeddings import Embedder
 from stores.mindscape import ChunkHit, Mindscape, MindscapeError
+from stores.signature_head import EVIDENCE, SignatureHead, load_head
 
 
 @dataclass(frozen=True)
@@ -170,112 +175,105 @@ def dual_signal(
     return _ranked(ids, score, s_qry, s_sig, k, bm25, fusion)
 
 
-def prior_weights(relevance: Sequence[float], temperature: float) -> np.ndarray:
-    """w_s: a softmax of the signature summaries' relevance, summing to 1.
-
-    A sharp softmax concentrates the prior on the region the evidence favours; when several regions
-    are about equally relevant the weights stay flat and small, so the prior fades by itself
-    instead of pulling the ranking towards five stories at once (what the centroid does).
-    """
-    rel = np.asarray(relevance, dtype=np.float64)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    if rel.size == 0 or not np.isfinite(rel.max()):
-        return np.zeros_like(rel)  # nothing relevant: no prior
-    z = np.exp((rel - rel.max()) / temperature)
-    return z / z.sum()
+def first_stage(store: Mindscape, query_vec: np.ndarray, depth: int, *, text: str = "",
+                fusion: Fusion | None = None) -> list[tuple[str, float]]:
+    """rag's E1 ranking as (id, fused score), best first: the nearest ``depth`` chunks fused with
+    BM25's ``depth`` best under a ``fusion``, or the dense ranking's reciprocal ranks without one."""
+    dense = [h.id for h in store.search_chunks(query_vec, depth)]
+    return fusion.fuse(dense, lexical(store, text, depth, fusion)) if fusion else reciprocal_rank_fusion(dense)
 
 
-def vote_relevance(step0: Sequence[tuple[str | None, float]], summary_ids: Sequence[str], temperature: float) -> list[float]:
-    """Relevance of each signature summary as the soft vote of its step-0 chunks.
-
-    ``step0`` holds (π(c), s_qry(c)) of the K0 candidates. The log of Σ_c exp(s_qry(c)/τ) over a
-    summary's chunks rewards a region that several good chunks light up, which an extractive
-    summary's own vector (a few sentences) often fails to show. The value is τ·log Σ_c exp(s_qry(c)/τ),
-    so ``prior_weights`` with the same τ gives w_s ∝ Σ_c exp(s_qry(c)/τ); a summary no step-0 chunk
-    lit up gets −inf, i.e. weight 0.
-    """
-    mass: dict[str, float] = {}
-    top = max((score for _, score in step0), default=0.0)
-    for owner, score in step0:
-        if owner is not None:
-            mass[owner] = mass.get(owner, 0.0) + float(np.exp((score - top) / temperature))
-    return [temperature * float(np.log(mass[s])) + top if s in mass else float("-inf") for s in summary_ids]
-
-
-def prior_scores(
-    s_qry: np.ndarray, owners: Sequence[str | None], weights: dict[str, float], alpha: float, gate: float
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Eq. 4 with the soft membership prior s_sig(c) = Σ_s w_s·[π(c) = s] = w_{π(c)}.
-
-    The prior is applied only when the signature is confident, i.e. its top weight (weights sum
-    to 1) reaches ``gate``; otherwise every s_sig is 0 and the ranking is query-only, because a
-    prior spread over several regions was measured to cost recall. Returns (score, s_sig, applied).
-    """
-    applied = bool(weights) and max(weights.values()) >= gate
-    s_sig = np.asarray([weights.get(o, 0.0) if (applied and o is not None) else 0.0 for o in owners], dtype=np.float64)
-    s_qry = np.asarray(s_qry, dtype=np.float64)
-    score = (1.0 - alpha) * s_qry + alpha * s_sig if applied else s_qry
-    return score, s_sig, applied
+def signature_evidence(query_vec: np.ndarray, summary_vecs: np.ndarray, summary_ids: Sequence[str],
+                       fused: Sequence[tuple[str, float]], session_of: dict[str, str],
+                       cosine: dict[str, float]) -> np.ndarray:
+    """``EVIDENCE`` (stores.signature_head) for each signature summary, one row each: what the
+    question and the first stage's ``fused`` ranking say of its session. ``session_of`` maps every
+    chunk of the signature's sessions to its session, ``cosine`` gives their cosines to the query."""
+    rank = {c: r for r, (c, _) in enumerate(fused, start=1)}
+    score = dict(fused)
+    chunks: dict[str, list[str]] = {}
+    for cid, sid in session_of.items():
+        chunks.setdefault(sid, []).append(cid)
+    rows = []
+    for j, sid in enumerate(summary_ids):
+        members = chunks.get(sid, [])
+        fused_scores = [score[c] for c in members if c in score]
+        ranks = [rank[c] for c in members if c in rank]
+        cosines = sorted((cosine[c] for c in members), reverse=True)
+        rows.append([float(summary_vecs[j] @ query_vec), max(fused_scores, default=0.0), sum(fused_scores),
+                     cosines[0] if cosines else 0.0, float(np.mean(cosines[:3])) if cosines else 0.0,
+                     1.0 / min(ranks) if ranks else 0.0, float(sum(r <= 10 for r in ranks)), 1.0 / (j + 1)])
+    return np.asarray(rows, dtype=np.float64).reshape(len(summary_ids), len(EVIDENCE))
 
 
-def membership_prior(
-    store: Mindscape,
-    query_vec: np.ndarray,
-    weights: dict[str, float],
-    alpha: float,
-    gate: float,
-    k: int,
-    candidates: int,
-    *,
-    text: str = "",
-    fusion: Fusion | None = None,
+def head_inputs(store: Mindscape, query_vec: np.ndarray, summary_ids: Sequence[str], depth: int, *, text: str = "",
+                fusion: Fusion | None = None) -> tuple[list[tuple[str, float]], dict[str, str], list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """What the trained head reads, as E2 and its training both compute it: (the first stage's
+    fused ranking, each chunk of the signature's sessions → its session, the ids of both (fused
+    first), their vectors, the summaries' vectors, the summaries' evidence)."""
+    d = query_vec.shape[0]
+    fused = first_stage(store, query_vec, depth, text=text, fusion=fusion)
+    session_of = dict(store.session_members(summary_ids)) if summary_ids else {}
+    ids = list(dict.fromkeys([c for c, _ in fused] + list(session_of)))
+    vectors = store.vectors("chunks", ids).astype(np.float64) if ids else np.zeros((0, d))
+    summary_vecs = store.vectors("summaries", summary_ids).astype(np.float64) if summary_ids else np.zeros((0, d))
+    evidence = signature_evidence(query_vec, summary_vecs, summary_ids, fused, session_of, dict(zip(ids, vectors @ query_vec)))
+    return fused, session_of, ids, vectors, summary_vecs, evidence
+
+
+def trained_signature(
+    store: Mindscape, head: SignatureHead, query_vec: np.ndarray, summary_ids: Sequence[str], delta: float,
+    k: int, candidates: int, *, text: str = "", fusion: Fusion | None = None,
 ) -> list[Scored]:
-    """Top-k chunks under ``prior_scores``, scored exactly over E1 top-``candidates`` ∪ every chunk
-    of the signature's sessions.
+    """Top-k chunks under the trained head (``sig_strategy=trained``): κ·rrf(c) + λ·e·e_c + β·a_{π(c)}
+    over rag's own first stage (``first_stage`` at depth ``candidates``), with e the head's
+    signature-aware query interpolated by ``delta`` and a its attention over the signature.
+    With an empty signature, the head's query is the query's own and nothing is lifted.
 
-    s_sig is a step function of the chunk's session, not a linear function of its vector, so one
-    interpolated vector search cannot find the top of the ranking; but a chunk outside both sets
-    has s_sig = 0 and a query score below the E1 cut, so it cannot outrank the candidates' top k
-    (when k ≤ candidates). With a ``fusion``, BM25's hits for ``text`` join the set and the exact
-    order is fused with BM25's ranking.
-    """
-    bm25 = lexical(store, text, max(k, candidates), fusion) if fusion else []
-    hits = store.search_chunks(query_vec, max(k, candidates))
-    ids = list(dict.fromkeys([h.id for h in hits] + list(bm25)))
-    owners: list[str | None] = [o or None for o in store.summary_of(ids)]
-    members = [s for s, w in weights.items() if w > 0.0]
-    if members and max(weights.values()) >= gate:
-        seen = set(ids)
-        for cid, owner in store.session_members(members):
-            if cid not in seen:
-                ids.append(cid)
-                owners.append(owner)
-                seen.add(cid)
+    The first stage's best chunk stays first, so the signature reorders what follows it: on the
+    fairy-tale val split the head otherwise lifted Recall@10 while it lowered Recall@1. Scored
+    exactly over the first stage's chunks ∪ every chunk of the signature's sessions ∪ the nearest
+    ``candidates`` to e: a chunk outside all three has no fused score and no membership term, so it
+    scores λ·e·e_c, no more than each of those nearest (which score at least as much, κ, λ, β ≥ 0 as
+    ``load_head`` checks), and it cannot reach the top k. ``s_sig`` of a hit is what the
+    signature terms gave it."""
+    query = np.asarray(query_vec, dtype=np.float64).ravel()
+    query = query / max(float(np.linalg.norm(query)), 1e-12)
+    if query.shape[0] != head.dim or (store.embedder and store.embedder != head.embedder):
+        raise MindscapeError(
+            f"the signature head was trained on {head.dim}-dimensional vectors of {head.embedder!r} but collection "
+            f"{store.name!r} holds {store.embedder or 'other'!r} vectors ({query.shape[0]}-dimensional queries): train a "
+            "head on its embedder (`mia train retriever`) or use sig_strategy=centroid"
+        )
+    depth = max(k, candidates)
+    fused, session_of, ids, vectors, summary_vecs, evidence = head_inputs(store, query, summary_ids, depth, text=text, fusion=fusion)
+    e, attention = head.query(query, summary_vecs, evidence, delta)
+    seen = set(ids)
+    nearer = [h.id for h in store.search_chunks(e, depth) if h.id not in seen]
+    if nearer:
+        ids += nearer
+        vectors = np.vstack([vectors, store.vectors("chunks", nearer).astype(np.float64)])
     if not ids:
         return []
-    s_qry = store.vectors("chunks", ids) @ np.asarray(query_vec, dtype=np.float32)
-    score, s_sig, _ = prior_scores(s_qry, owners, weights, alpha, gate)
-    return _ranked(ids, score, s_qry, s_sig, k, bm25, fusion)
+    membership = dict(zip(summary_ids, head.beta * attention))
+    rrf = dict(fused)
+    base = head.kappa * np.asarray([rrf.get(c, 0.0) for c in ids])
+    score = base + head.lam * (vectors @ e) + np.asarray([membership.get(session_of.get(c, ""), 0.0) for c in ids])
+    order = list(np.argsort(-score, kind="stable"))
+    if fused:  # the first stage's best chunk (row 0 of ids) leads
+        order.remove(0)
+        order.insert(0, 0)
+    s_qry = vectors @ query
+    return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(score[i] - base[i])) for i in order[:k]]
 
 
-def signature_weights(
-    store: Mindscape,
-    query_vec: np.ndarray,
-    summary_ids: Sequence[str],
-    mode: PriorWeights,
-    temperature: float,
-    step0: Sequence[dict[str, object]] = (),
-) -> dict[str, float]:
-    """w_s for each signature summary: ``votes`` from the step-0 chunks (``step0`` rows carry
-    ``id`` and ``s_qry``), ``relevance`` from e_q·e_s. Votes need a step 0; without one (the
-    agent's later steps) relevance is the only evidence there is, so it is used."""
-    if not summary_ids:
-        return {}
-    if mode == "votes" and step0:
-        step0_ids = [str(h["id"]) for h in step0]
-        owners = {i: o or None for i, o in zip(step0_ids, store.summary_of(step0_ids))}
-        rel = vote_relevance([(owners.get(str(h["id"])), float(h["s_qry"])) for h in step0], summary_ids, temperature)
-    else:
-        rel = list(store.vectors("summaries", summary_ids) @ np.asarray(query_vec, dtype=np.float32))
-    return dict(zip(summary_ids, (float(w) for w in prior_weights(rel, temperature))))
+def signature_ranking(ctx: Context, store: Mindscape, embedder: Embedder, question: str, query_vec: np.ndarray,
+                      summary_ids: Sequence[str], k: int) -> list[Scored]:
+    """E2 under the context's ``sig_strategy``: the top k chunks for the question and its signature
+    (mia_rag's E2, the agents' Retrieve, the retrieval bench)."""
+    fusion = Fusion.of(ctx)
+    if ctx.sig_strategy == "trained":
+        return trained_signature(store, load_head(ctx.sig_weights), query_vec, summary_ids, ctx.delta, k, ctx.candidates,
+                                 text=question, fusion=fusion)
+    sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, summary_ids)
+    return dual_signal(store, query_vec, sig_vec, ctx.alpha, k, ctx.candidates, text=question, fusion=fusion)

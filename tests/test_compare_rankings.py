@@ -8,7 +8,7 @@ from pathlib import Path
 from evals.compare_rankings import compare, main, rankings
 
 
-def _write(path: Path, rows: list[tuple[str, int, str, list[str]]]) -> Path:
+def _write(path: Path, rows: list[tuple[str, int | None, str, list[str]]]) -> Path:
     path.write_text("".join(json.dumps({"system": s, "length": n, "id": i, "retrieved": r}) + "\n" for s, n, i, r in rows))
     return path
 
@@ -31,3 +31,11 @@ def test_counts_differences_anywhere_and_at_rank_one(tmp_path: Path, capsys) -> 
 def test_a_missing_file_is_named(tmp_path: Path, capsys) -> None:
     assert main([str(tmp_path / "none.jsonl"), str(tmp_path / "none.jsonl")]) == 2
     assert "no such results file" in capsys.readouterr().err
+
+
+def test_runs_without_a_source_length(tmp_path: Path, capsys) -> None:
+    """The fairy-tale series has no --length: its records carry length null."""
+    a = _write(tmp_path / "a.jsonl", [("rag", None, "q1", ["x"]), ("mia_rag", None, "q1", ["x"])])
+    b = _write(tmp_path / "b.jsonl", [("rag", None, "q1", ["y"]), ("mia_rag", None, "q1", ["x"])])
+    assert main([str(a), str(b)]) == 0
+    assert "| rag | - | 1 | 1 (100.0%) | 1 (100.0%) |" in capsys.readouterr().out

@@ -320,4 +320,4 @@ def test_custom_takes_one_book_file(tmp_path: Path) -> None:
 
 
 def test_registry() -> None:
-    assert set(BUILDERS) == {"fairytale-series", "fairytale-series-titled", "multihop-synth", "custom"}
+    assert set(BUILDERS) == {"fairytale-series", "fairytale-series-titled", "fairytale-train", "multihop-synth", "custom"}

@@ -134,10 +134,12 @@ def test_graphs_use_the_hybrid_ranking(graph: str, tiny_collection, minilm, cli)
     else:
         step0 = query_only(store, query_vec, Context().k0, text=QUESTION, fusion=fusion, depth=depth)
         assert [r["id"] for r in state["step0"]] == [h.id for h in step0]
-        from nodes.retrieval import signature_vector
+        from nodes.retrieval import trained_signature
+        from stores.signature_head import load_head
 
-        sig_vec, _ = signature_vector("centroid", store, minilm, QUESTION, [s["id"] for s in state["signature"]])
-        expected = [h.id for h in dual_signal(store, query_vec, sig_vec, Context().alpha, 5, depth, text=QUESTION, fusion=fusion)]
+        signature = [s["id"] for s in state["signature"]]  # the default strategy: the shipped trained head
+        expected = [h.id for h in trained_signature(store, load_head(""), query_vec, signature, Context().delta, 5, depth,
+                                                    text=QUESTION, fusion=fusion)]
     assert [r["id"] for r in state["retrieved"]] == expected
 
 
@@ -154,5 +156,6 @@ def test_explain_says_how_the_rankings_were_scored(tiny_collection, cli) -> None
     assert hybrid.code == 0, hybrid.err
     assert "Signature (selection order" in hybrid.out
     assert "Step-0 ranking (query only) (score: reciprocal rank fusion with BM25):" in hybrid.out
-    dense = cli(*base, "--set", "retriever=dense")
+    assert "Final ranking (score: the trained signature head" in hybrid.out  # the default sig_strategy
+    dense = cli(*base, "--set", "retriever=dense", "--set", "sig_strategy=centroid")
     assert dense.code == 0 and "Final ranking:" in dense.out and "fusion" not in dense.out

@@ -98,10 +98,12 @@ def test_query_only_search_is_exact(tiny_collection, minilm) -> None:
 
 @pytest.mark.parametrize("graph", ["rag", "mia_rag"])
 def test_graphs_retrieve_what_the_exact_scores_say(graph: str, tiny_collection, minilm, cli) -> None:
-    """Through the CLI and the compiled graph (retrieval only, no LLM): the final ranking is Eq. 4."""
+    """Through the CLI and the compiled graph (retrieval only, no LLM): the final ranking is Eq. 4
+    (the centroid strategy; the trained one is checked in test_signature_head and test_hybrid)."""
     question = QUESTIONS[0]
     result = cli("ask", question, "--collection", tiny_collection.name, "--graph", graph, "--json",
-                 "--set", "retrieval_only=true", "--set", "top_k=8", "--set", "retriever=dense")
+                 "--set", "retrieval_only=true", "--set", "top_k=8", "--set", "retriever=dense",
+                 "--set", "sig_strategy=centroid")
     assert result.code == 0, result.err
     state = json.loads(result.out)
     assert state["answer"] in ("", None) and state["usage"].get("llm_calls", 0) == 0
@@ -356,7 +358,7 @@ def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
         ("k0=ten", "setting k0='ten' is not a valid int"),
         ("retrieval_only=maybe", "setting retrieval_only='maybe' is not one of 1/true/yes/on/0/false/no/off"),
         ("lambda_q=-1", "lambda_q, lambda_c and lambda_d must be non-negative"),
-        ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia, prior"),
+        ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia, trained"),
         ("kay0=5", "unknown setting(s) kay0"),
         ("alpha", "--set 'alpha' is not KEY=VALUE"),
     ],

@@ -532,7 +532,7 @@ function renderStrip(run, final, signature, looked) {
   if (hidden) panel.append(el("p", {class: "muted"}, `${hidden} other book(s) had no hit.`));
 }
 
-const FINAL_RANKING = {rag: "Ranking (query only)", mia_rag: "Final (query + signature, Eq. 4)",
+const FINAL_RANKING = {rag: "Ranking (query only)", mia_rag: "Final (query + signature)",
                        mia_agent: "Last step (q_t + σ_t)", agent: "Last step (q_t)"};
 
 function renderRankings(step0, final, looked, finalLabel) {

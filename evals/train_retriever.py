@@ -1,0 +1,423 @@
+"""`mia train retriever`: train the signature head (``stores.signature_head``) on train stories only.
+
+The paper's gain comes from MiA-Emb, a retriever trained to read query + signature; a fixed mix of
+generic vectors does not reproduce it (issue 22). This trains that reading at our scale:
+
+* Data: ``fairytale-train``, one book per FairytaleQA origin holding only its *train* stories, and
+  their questions. No val or test story is in the collection, not even as a negative. It is ingested
+  with the product's defaults, so the head learns on the chunks and summaries it will be used with.
+* Inputs: each question's signature comes from the project's own step 0 and InitSignature
+  (``nodes.qa.select_signature``: hybrid E1, coverage-aware), and what the head reads of it from
+  ``nodes.retrieval.head_inputs``, the function E2 itself calls.
+* Objective: InfoNCE over every chunk of the collection (a softmax over all of them, so the hard
+  negatives the first stage confuses, other stories' chunks, are all in it), with several positives
+  when a question's gold sections span several chunks.
+* Selection: after each epoch the head ranks the fairy-tale *val* questions through E2 itself
+  (``nodes.retrieval.trained_signature``); the epoch with the best val Recall@10 is kept (epoch 0,
+  the untrained head, is rag's ranking). Test is never read.
+
+Writes ``signature-head.npz`` with its card (sha256, command, data recipe, curve) and
+``curve.png`` under ``--out``; ``--out stores/weights`` replaces the shipped head. A few minutes on
+two cores once the collections exist (ingesting them takes about three more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from evals import metrics
+from evals.runner import _book_ids, collection_name, prepare_parts
+from nodes.context import Context
+from nodes.qa import select_signature
+from nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
+from stores.embeddings import Embedder, load_embedder
+from stores.ingest import IngestOptions, ingest
+from stores.mindscape import Mindscape
+from stores.settings import mia_home
+from stores.signature_head import EVIDENCE, SignatureHead
+
+RECALL_K = 10
+KAPPA_START = 20.0
+"""κ at the start. The fused scores are at most ~0.45 (1/11 + 4/11 at the default fusion), and the
+loss reads scores as logits, so κ = 20 makes the untrained head's softmax about as sharp as a
+temperature of 0.05 on cosines; with λ = β = 0 it ranks exactly as rag does."""
+HYPERPARAMETERS = ("epochs", "lr", "weight_decay", "rank", "fusion_rank", "batch_size", "delta", "seed")
+
+
+@dataclass
+class Collection:
+    """A collection's vectors in memory, as the loss needs them."""
+
+    store: Mindscape | None
+    chunk_ids: list[str]
+    chunks: np.ndarray
+    owner: np.ndarray
+    """Each chunk's session as a row of ``summaries`` (``len(summary_ids)`` when it has none)."""
+    summary_ids: list[str]
+    summaries: np.ndarray
+    spans: list[tuple[str, int, int]]
+
+
+@dataclass
+class Examples:
+    """One collection's questions with what the head reads and the chunk rows it should rank first."""
+
+    questions: list[dict[str, Any]]
+    queries: np.ndarray
+    signatures: list[list[str]]
+    """Summary ids of each question's step-0 signature, in selection order."""
+    evidence: list[np.ndarray]
+    """``EVIDENCE`` of each signature summary (rows in signature order)."""
+    fused: list[tuple[np.ndarray, np.ndarray]]
+    """The first stage's ranking: chunk rows and their fused scores."""
+    gold_rows: list[np.ndarray]
+    """Rows of ``Collection.chunk_ids`` that overlap a gold span of the question."""
+
+
+def open_collection(name: str, book_map: dict[str, str]) -> Collection:
+    store = Mindscape(name)
+    rows, chunks = store.vector_rows("chunks")
+    chunk_ids = sorted(rows, key=rows.get)
+    summary_rows, summaries = store.vector_rows("summaries")
+    summary_ids = sorted(summary_rows, key=summary_rows.get)
+    owner = np.asarray([summary_rows.get(s, len(summary_ids)) for s in store.summary_of(chunk_ids)])
+    records = store.chunk_records(chunk_ids, documents=False)
+    spans = [(book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"])) for r in records]
+    return Collection(store, chunk_ids, np.asarray(chunks, dtype=np.float32), owner, summary_ids,
+                      np.asarray(summaries, dtype=np.float32), spans)
+
+
+def build_examples(collection: Collection, questions: Sequence[dict[str, Any]], embedder: Embedder, ctx: Context,
+                   cache: Path, label: str, progress: bool) -> Examples:
+    """Step 0, InitSignature and the head's inputs for every question, as mia_rag computes them;
+    cached on disk by the collection's version, the questions and every setting that shapes them."""
+    assert collection.store is not None
+    store = collection.store
+    questions = [q for q in questions if q.get("gold")]
+    texts = [q["question"] for q in questions]
+    key = hashlib.sha256(json.dumps([store.version(), texts, ctx.k0, ctx.k_sum, ctx.candidates, ctx.lambda_q,
+                                     ctx.lambda_c, ctx.lambda_d, ctx.retriever, ctx.bm25_weight, ctx.rrf_k,
+                                     ctx.bm25_stemming, EVIDENCE], default=str).encode()).hexdigest()[:16]
+    path = cache / f"examples-{label}-{key}.npz"
+    if not path.exists():
+        queries = np.asarray(embedder.embed_documents(texts), dtype=np.float32)  # MiniLM embeds queries as documents
+        fusion = Fusion.of(ctx)
+        signatures, evidence, fused_ids, fused_scores = [], [], [], []
+        for text, q in tqdm(list(zip(texts, queries)), desc=f"signatures ({label})", unit="q", disable=not progress):
+            step0 = query_only(store, q, ctx.k0, text=text, fusion=fusion, depth=ctx.candidates)
+            sig = [s["id"] for s in select_signature(store, text, q, step0, ctx, "coverage")]
+            fused, *_, found = head_inputs(store, q.astype(np.float64), sig, max(RECALL_K, ctx.candidates), text=text, fusion=fusion)
+            signatures.append(sig)
+            evidence.append(found.tolist())
+            fused_ids.append([c for c, _ in fused])
+            fused_scores.append([f for _, f in fused])
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, queries=queries, rest=np.asarray(json.dumps([signatures, evidence, fused_ids, fused_scores])))
+        tmp.replace(path)
+    with np.load(path, allow_pickle=False) as z:
+        queries = z["queries"]
+        signatures, evidence, fused_ids, fused_scores = json.loads(str(z["rest"]))
+    row = {c: n for n, c in enumerate(collection.chunk_ids)}
+    fused = [(np.asarray([row[c] for c in ids], dtype=np.int64), np.asarray(scores)) for ids, scores in zip(fused_ids, fused_scores)]
+    gold_rows = []
+    for q in questions:
+        gold = [(g["book"], g["start"], g["end"]) for g in q["gold"]]
+        gold_rows.append(np.asarray([i for i, (b, s, e) in enumerate(collection.spans)
+                                     if any(b == gb and s < ge and gs < e for gb, gs, ge in gold)], dtype=np.int64))
+    return Examples(list(questions), queries, signatures, [np.asarray(e, dtype=np.float64).reshape(len(s), len(EVIDENCE))
+                                                           for e, s in zip(evidence, signatures)], fused, gold_rows)
+
+
+# --------------------------------------------------------------------------- the head in torch
+
+
+class TorchHead:
+    """``SignatureHead`` in torch, the same function (tests check the two agree), for training."""
+
+    def __init__(self, dim: int, rank: int, fusion_rank: int, seed: int, mean: np.ndarray, std: np.ndarray) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        scale = 0.01
+        self.u = torch.nn.Parameter(torch.randn(dim, rank, generator=g, dtype=torch.float64) * scale)
+        self.v = torch.nn.Parameter(torch.randn(dim, rank, generator=g, dtype=torch.float64) * scale)
+        self.w = torch.nn.Parameter(torch.zeros(len(EVIDENCE), dtype=torch.float64))
+        self.p = torch.nn.Parameter(torch.randn(dim, fusion_rank, generator=g, dtype=torch.float64) * scale)
+        self.q = torch.nn.Parameter(torch.zeros(fusion_rank, dim, dtype=torch.float64))
+        # (γ, κ, λ, β): λ = β = 0 starts at rag's own ranking; training moves away from it only where it gains.
+        self.scalars = torch.nn.Parameter(torch.tensor([0.0, KAPPA_START, 0.0, 0.0], dtype=torch.float64))
+        self.mean = torch.as_tensor(mean, dtype=torch.float64)
+        self.std = torch.as_tensor(std, dtype=torch.float64)
+
+    def parameters(self) -> list[Any]:
+        return [self.u, self.v, self.w, self.p, self.q, self.scalars]
+
+    def forward(self, q: Any, s: Any, evidence: Any, mask: Any, delta: float) -> tuple[Any, Any]:
+        """(e, a) for a batch: q (B, d), s (B, m, d) signature vectors, evidence (B, m, len(EVIDENCE)),
+        mask (B, m) real summaries."""
+        import torch
+
+        z = (evidence - self.mean) / self.std
+        logits = ((s @ self.v) * (q @ self.u)[:, None, :]).sum(-1) + z @ self.w
+        a = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+        sigma = (a[..., None] * s).sum(1)
+        aware = torch.nn.functional.normalize(q + self.scalars[0] * sigma + (sigma @ self.p) @ self.q, dim=-1)
+        return torch.nn.functional.normalize((1.0 - delta) * q + delta * aware, dim=-1), a
+
+    def keep_non_negative(self) -> None:
+        """κ, λ, β ≥ 0 is what lets E2 find its exact top k in its candidate set (``load_head`` checks it)."""
+        import torch
+
+        with torch.no_grad():
+            self.scalars[1:].clamp_(min=0.0)
+
+    def numpy(self, embedder: str) -> SignatureHead:
+        d = lambda t: t.detach().double().numpy().copy()  # noqa: E731
+        gamma, kappa, lam, beta = (float(x) for x in self.scalars.detach())
+        return SignatureHead(d(self.u), d(self.v), d(self.w), d(self.mean), d(self.std), d(self.p), d(self.q),
+                             gamma, kappa, lam, beta, embedder)
+
+
+@dataclass
+class Tensors:
+    """The collection as the loss reads it, converted once."""
+
+    chunks: Any
+    summaries: Any
+    """The summaries' vectors and a zero row after them, where padded signature places point."""
+    owner: Any
+
+    @classmethod
+    def of(cls, collection: Collection) -> Tensors:
+        import torch
+
+        d = collection.chunks.shape[1]
+        summaries = np.vstack([np.asarray(collection.summaries, dtype=np.float64), np.zeros((1, d))])
+        return cls(torch.from_numpy(np.asarray(collection.chunks, dtype=np.float64)), torch.from_numpy(summaries),
+                   torch.from_numpy(np.asarray(collection.owner, dtype=np.int64)))
+
+
+def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Examples, idx: Sequence[int],
+               delta: float) -> Any:
+    """Multi-positive InfoNCE over every chunk of the collection: −log Σ_gold softmax(score)."""
+    import torch
+
+    n_sum = len(collection.summary_ids)
+    index = {s: i for i, s in enumerate(collection.summary_ids)}
+    width = max(len(ex.signatures[i]) for i in idx)
+    rows = np.full((len(idx), width), n_sum, dtype=np.int64)
+    evidence = np.zeros((len(idx), width, len(EVIDENCE)))
+    rrf = torch.zeros(len(idx), len(collection.chunk_ids), dtype=torch.float64)
+    gold = torch.zeros(len(idx), len(collection.chunk_ids), dtype=torch.bool)
+    for n, i in enumerate(idx):
+        m = len(ex.signatures[i])
+        rows[n, :m] = [index[s] for s in ex.signatures[i]]
+        evidence[n, :m] = ex.evidence[i]
+        evidence[n, m:] = head.mean.numpy()  # padding: standardised to 0, masked out anyway
+        rrf[n, torch.from_numpy(ex.fused[i][0])] = torch.from_numpy(ex.fused[i][1])
+        gold[n, torch.from_numpy(ex.gold_rows[i])] = True
+    sig_rows = torch.from_numpy(rows)
+    e, a = head.forward(torch.from_numpy(np.asarray(ex.queries[list(idx)], dtype=np.float64)), tensors.summaries[sig_rows],
+                        torch.from_numpy(evidence), sig_rows < n_sum, delta)
+    member = torch.zeros(len(idx), n_sum + 1, dtype=torch.float64).scatter_add(1, sig_rows, a)
+    _, kappa, lam, beta = head.scalars
+    score = kappa * rrf + lam * (e @ tensors.chunks.T) + beta * member[:, tensors.owner]
+    return (torch.logsumexp(score, dim=1) - torch.logsumexp(score.masked_fill(~gold, float("-inf")), dim=1)).mean()
+
+
+def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, weight_decay: float, rank: int,
+               fusion_rank: int, batch_size: int, delta: float, seed: int, embedder: str,
+               on_epoch: Callable[[SignatureHead], dict[str, float]] | None = None,
+               progress: bool = True) -> tuple[SignatureHead, list[dict[str, Any]]]:
+    """Train for ``epochs``; after each (and before the first), ``on_epoch(head)`` scores the head
+    (its ``score`` picks the best, the earliest on ties), and the best head is returned with the curve."""
+    import torch
+
+    torch.manual_seed(seed)
+    keep = [n for n, g in enumerate(ex.gold_rows) if len(g) and ex.signatures[n]]
+    stacked = np.concatenate([ex.evidence[n] for n in keep])
+    head = TorchHead(collection.chunks.shape[1], rank, fusion_rank, seed, stacked.mean(0), np.maximum(stacked.std(0), 1e-6))
+    optimiser = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    rng = np.random.default_rng(seed)
+    tensors = Tensors.of(collection)
+    curve: list[dict[str, Any]] = []
+    best: tuple[float, SignatureHead] | None = None
+    for epoch in range(epochs + 1):
+        losses = []
+        if epoch:
+            order = rng.permutation(keep)
+            for lo in tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch}/{epochs}", unit="batch",
+                           disable=not progress, leave=False):
+                loss = batch_loss(head, collection, tensors, ex, order[lo: lo + batch_size].tolist(), delta)
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+                head.keep_non_negative()
+                losses.append(loss.item())
+        current = head.numpy(embedder)
+        row: dict[str, Any] = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else None}
+        if on_epoch is not None:
+            row |= on_epoch(current)
+            if best is None or row["score"] > best[0]:
+                best = (row["score"], current)
+            print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if v is not None),
+                  flush=True)
+        curve.append(row)
+    return (best[1] if best else head.numpy(embedder)), curve
+
+
+def ranking_recall(collection: Collection, ex: Examples, head: SignatureHead | None, ctx: Context) -> dict[str, float]:
+    """Mean R@1 / R@10 of E2 under ``head`` (None: rag's query-only E1) on the examples, through the
+    graphs' own retrieval functions, fused with BM25 as the context says."""
+    assert collection.store is not None
+    r1, r10 = [], []
+    rows = {c: n for n, c in enumerate(collection.chunk_ids)}
+    for q, vec, sig in zip(ex.questions, ex.queries, ex.signatures):
+        if head is None:
+            ids = [h.id for h in query_only(collection.store, vec, RECALL_K, text=q["question"], fusion=Fusion.of(ctx),
+                                            depth=ctx.candidates, for_signature=False)]
+        else:
+            ids = [h.id for h in trained_signature(collection.store, head, vec, sig, ctx.delta, RECALL_K, ctx.candidates,
+                                                   text=q["question"], fusion=Fusion.of(ctx))]
+        spans = [collection.spans[rows[i]] for i in ids]
+        gold = [(g["book"], g["start"], g["end"]) for g in q["gold"]]
+        r1.append(100.0 * metrics.recall_at_k(spans, gold, 1))
+        r10.append(100.0 * metrics.recall_at_k(spans, gold, RECALL_K))
+    return {"val_r1": float(np.mean(r1)), "val_r10": float(np.mean(r10)), "score": float(np.mean(r10))}
+
+
+CEILING_BETAS = (0.1, 0.3, 1.0, 3.0)
+
+
+def attention_ceiling(collection: Collection, ex: Examples) -> dict[str, Any]:
+    """What a perfect reading of the step-0 signature could give: the share of questions whose gold
+    session is in their signature, and R@10 when the membership term lifts exactly the gold sessions
+    among the signature's (β·1 on their chunks, the first stage's best hit leading, as in E2).
+
+    Any head that reads only the signature is bounded by this; what remains is the signature's
+    selection (and the first stage it comes from)."""
+    index = {s: n for n, s in enumerate(collection.summary_ids)}
+    inside, recall = [], {beta: [] for beta in CEILING_BETAS}
+    for q, sig, (rows, fused), gold in zip(ex.questions, ex.signatures, ex.fused, ex.gold_rows):
+        gold_sessions = set(collection.owner[gold].tolist()) & {index[s] for s in sig}
+        inside.append(100.0 * bool(gold_sessions))
+        rrf = np.zeros(len(collection.chunk_ids))
+        rrf[rows] = fused
+        lifted = np.isin(collection.owner, list(gold_sessions))
+        spans_gold = [(g["book"], g["start"], g["end"]) for g in q["gold"]]
+        for beta in CEILING_BETAS:
+            order = [n for n in np.argsort(-(rrf + beta * lifted), kind="stable") if n != rows[0]][: RECALL_K - 1]
+            spans = [collection.spans[n] for n in [int(rows[0]), *order]]
+            recall[beta].append(100.0 * metrics.recall_at_k(spans, spans_gold, RECALL_K))
+    return {"gold_session_in_signature": float(np.mean(inside)),
+            "r10_perfect_attention": {str(beta): float(np.mean(r)) for beta, r in recall.items()}}
+
+
+def ensure_collection(dataset: str, split: str, options: IngestOptions, embedder: Embedder,
+                      progress: bool) -> tuple[Any, str]:
+    """The data set built (under MIA_HOME, as `mia eval` builds it) and its collection ingested,
+    with the name `mia eval` gives it; books already in it are kept."""
+    part = prepare_parts(dataset, split, [], 0, mia_home())[0]
+    name = collection_name(part, options, "minilm", None)
+    ingest(part.dataset.sources, name, embedder, options=options, progress=progress)
+    return part, name
+
+
+def plot_curve(curve: Sequence[dict[str, Any]], baseline: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot([r["epoch"] for r in curve], [r["val_r10"] for r in curve], marker="o", label="mia_rag, trained head")
+    ax.axhline(baseline, color="grey", linestyle="--", label="rag (same first stage)")
+    ax.set_xlabel("epoch (0: untrained head = rag's ranking)")
+    ax.set_ylabel("val Recall@10 (%)")
+    ax.set_title("signature head: fairy-tale series val")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("epochs", "batch_size", "rank", "fusion_rank"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0.0 <= args.delta <= 1.0:
+        raise ValueError(f"--delta must be in [0, 1], got {args.delta}")
+    if args.lr <= 0 or args.weight_decay < 0:
+        raise ValueError("--lr must be positive and --weight-decay not negative")
+    started = time.time()
+    progress = not args.quiet
+    options = IngestOptions()
+    embedder = load_embedder("minilm")
+    ctx = Context(collection="unused", delta=args.delta)
+    cache = mia_home() / "train-retriever"  # step 0, signatures and the head's inputs per question, reused by a rerun
+    train_part, train_name = ensure_collection("fairytale-train", "train", options, embedder, progress)
+    val_part, val_name = ensure_collection("fairytale-series", "val", options, embedder, progress)
+    train_set = open_collection(train_name, _book_ids(train_part.dataset))
+    val_set = open_collection(val_name, _book_ids(val_part.dataset))
+    train_ex = build_examples(train_set, train_part.dataset.questions, embedder, ctx, cache, "train", progress)
+    val_ex = build_examples(val_set, val_part.dataset.questions, embedder, ctx, cache, "val", progress)
+    print(f"train: {train_name}, {len(train_set.chunk_ids)} chunks, {len(train_ex.questions)} questions; "
+          f"val: {val_name}, {len(val_ex.questions)} questions", flush=True)
+    rag = ranking_recall(val_set, val_ex, None, ctx)
+    ceiling = attention_ceiling(val_set, val_ex)
+    print(f"val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; a perfect "
+          "attention would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
+          + f" against rag's {rag['val_r10']:.1f}", flush=True)
+    hyper = {name: getattr(args, name) for name in HYPERPARAMETERS}
+    head, curve = train_head(train_set, train_ex, embedder=embedder.name, progress=progress,
+                             on_epoch=lambda h: ranking_recall(val_set, val_ex, h, ctx), **hyper)
+    best = max(curve, key=lambda r: (r["score"], -r["epoch"]))
+    card = {
+        "command": "mia train retriever " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in hyper.items())
+                   + f" --out {shlex.quote(str(args.out))}",
+        "recipe": {
+            "train": f"fairytale-train (every FairytaleQA origin's train stories, one book per origin): "
+                     f"{len(train_ex.questions)} questions, collection {train_name} ({len(train_set.chunk_ids)} chunks)",
+            "val": f"fairytale-series val: {len(val_ex.questions)} questions, collection {val_name}",
+            "ingestion": "product defaults: " + json.dumps(vars(options)),
+            "signature": f"step 0 {ctx.retriever} E1 (k0 {ctx.k0}) + coverage-aware InitSignature (k_sum {ctx.k_sum}), as mia_rag",
+            "first_stage": {name: getattr(ctx, name) for name in ("retriever", "bm25_weight", "rrf_k", "bm25_stemming", "candidates")},
+            "embedder": embedder.name,
+        },
+        "hyperparameters": hyper,
+        "best_epoch": best["epoch"],
+        "val_rag": rag,
+        "val_ceiling": ceiling,
+        "curve": curve,
+        "seconds": round(time.time() - started, 1),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    digest = head.save(args.out / "signature-head.npz", card)
+    plot_curve(curve, rag["val_r10"], args.out / "curve.png")
+    print(f"val rag R@1 {rag['val_r1']:.1f} R@10 {rag['val_r10']:.1f}; head (epoch {best['epoch']}) "
+          f"R@1 {best['val_r1']:.1f} R@10 {best['val_r10']:.1f} ({best['val_r10'] / rag['val_r10']:.3f}×)")
+    print(f"wrote {args.out / 'signature-head.npz'} (sha256 {digest[:12]}…) in {time.time() - started:.0f} s")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from evals.cli import add_train_arguments
+
+    p = argparse.ArgumentParser(prog="python -m evals.train_retriever", description=__doc__.split("\n\n")[0])
+    add_train_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

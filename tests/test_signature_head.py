@@ -1,0 +1,318 @@
+"""The trained signature head (issue 22): its function, its weights file, its training and its E2.
+
+(a) The numpy head (inference) and the torch head (training) compute the same function.
+(b) Weights round-trip through their file and card; a corrupt, missing or foreign file is refused
+    with a message that says what to do, never replaced by an untrained head.
+(c) Training on a small built-in collection where the query alone cannot tell twin chunks apart
+    lowers the loss and ranks better than the untrained head (which is query-only).
+(d) E2 under the shipped head, on a real collection with the embedded MiniLM, ranks exactly like
+    scoring every chunk of the collection, and mia_rag runs with it end to end.
+(e) fairytale-train holds train-split stories only: no val or test story, not even as a negative.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evals.train_retriever import Collection, Examples, TorchHead, train_head
+from nodes.retrieval import signature_evidence
+from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, HeadError, SignatureHead, load_head
+from tests.conftest import requires_data
+
+N_EVIDENCE = len(EVIDENCE)
+
+
+def _random_head(seed: int = 0, d: int = 12, rank: int = 3, fusion_rank: int = 4) -> TorchHead:
+    import torch
+
+    rng = np.random.default_rng(seed)
+    head = TorchHead(d, rank, fusion_rank, seed, rng.normal(size=N_EVIDENCE), rng.uniform(0.5, 2.0, size=N_EVIDENCE))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # every parameter away from its start, so each term of the function is exercised
+        for param in head.parameters():
+            param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+        head.keep_non_negative()  # κ, λ, β as training leaves them
+    return head
+
+
+def _unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.normal(size=(n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- (a) one function
+
+
+def test_numpy_head_equals_torch_head() -> None:
+    import torch
+
+    rng = np.random.default_rng(0)
+    torch_head = _random_head()
+    head = torch_head.numpy("test")
+    q = _unit_rows(rng, 4, 12)
+    s = _unit_rows(rng, 4 * 3, 12).reshape(4, 3, 12)
+    evidence = rng.normal(size=(4, 3, N_EVIDENCE))
+    mask = torch.tensor([[True, True, True], [True, True, False], [True, False, False], [True, True, True]])
+    e_t, a_t = torch_head.forward(torch.tensor(q), torch.tensor(s), torch.tensor(evidence), mask, 0.5)
+    for n in range(4):
+        m = int(mask[n].sum())
+        e, a = head.query(q[n], s[n, :m], evidence[n, :m], 0.5)
+        np.testing.assert_allclose(e, e_t[n].detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(a, a_t[n, :m].detach().numpy(), atol=1e-5)
+        assert abs(a.sum() - 1.0) < 1e-9 and float(a_t[n, m:].detach().sum()) == 0.0
+
+
+def test_delta_zero_or_no_signature_is_the_query() -> None:
+    rng = np.random.default_rng(1)
+    head = _random_head().numpy("test")
+    q = _unit_rows(rng, 1, 12)[0]
+    np.testing.assert_allclose(head.query(q, _unit_rows(rng, 3, 12), rng.normal(size=(3, N_EVIDENCE)), 0.0)[0], q, atol=1e-12)
+    e, a = head.query(q, np.zeros((0, 12)), np.zeros((0, N_EVIDENCE)), 0.7)
+    np.testing.assert_allclose(e, q, atol=1e-12)
+    assert a.size == 0
+
+
+# --------------------------------------------------------------------------- (b) the weights file
+
+
+def test_weights_round_trip(tmp_path: Path) -> None:
+    head = _random_head().numpy("all-MiniLM-L6-v2")
+    path = tmp_path / "head.npz"
+    digest = head.save(path, {"command": "test"})
+    card = json.loads(path.with_suffix(".json").read_text())
+    assert card["sha256"] == digest and card["weights"] == "head.npz" and card["command"] == "test"
+    loaded = load_head(path)
+    for name in ("u", "v", "w", "mean", "std", "p", "q"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(head, name))
+    scalars = ("gamma", "kappa", "lam", "beta", "embedder")
+    assert [getattr(loaded, n) for n in scalars] == [getattr(head, n) for n in scalars]
+    rng = np.random.default_rng(2)
+    q, s, z = _unit_rows(rng, 1, 12)[0], _unit_rows(rng, 5, 12), rng.normal(size=(5, N_EVIDENCE))
+    np.testing.assert_array_equal(loaded.query(q, s, z, 0.5)[0], head.query(q, s, z, 0.5)[0])
+
+
+def test_corrupt_weights_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "head.npz"
+    _random_head().numpy("x").save(path, {})
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(HeadError, match=r"do not match the sha256 .*`mia train retriever"):
+        load_head(path)
+
+
+def test_weights_a_version_cannot_use_are_refused(tmp_path: Path) -> None:
+    """Negative κ, λ or β would break E2's exact top k; a zip that is no .npz is no weights file."""
+    head = _random_head().numpy("x")
+    path = tmp_path / "head.npz"
+    SignatureHead(head.u, head.v, head.w, head.mean, head.std, head.p, head.q, 0.1, 20.0, 1.0, -0.5, "x").save(path, {})
+    with pytest.raises(HeadError, match="negative"):
+        load_head(path)
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", "not weights")
+    path.with_suffix(".json").write_text(json.dumps({"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+    with pytest.raises(HeadError, match="cannot be read"):
+        load_head(path)
+
+
+def test_missing_weights_or_card_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(HeadError, match=r"missing .*`mia train retriever"):
+        load_head(tmp_path / "none.npz")
+    path = tmp_path / "head.npz"
+    _random_head().numpy("x").save(path, {})
+    path.with_suffix(".json").write_text("{not json")
+    with pytest.raises(HeadError, match="unreadable"):
+        load_head(path)
+
+
+def test_shipped_weights_load_and_carry_their_recipe() -> None:
+    head = load_head("")
+    card = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
+    assert head.embedder == "all-MiniLM-L6-v2" and head.dim == 384 and head.lam >= 0
+    assert card["command"].startswith("mia train retriever") and "fairytale-train" in card["recipe"]["train"]
+    assert DEFAULT_WEIGHTS.stat().st_size < 20 * 2**20
+
+
+# --------------------------------------------------------------------------- (c) training
+
+
+def _twins(seed: int = 0) -> tuple[Collection, Examples]:
+    """Eight sessions telling the same four motifs: chunk (s, m) = norm(story_s + motif_m). A
+    question about (s*, m) is the motif alone, so the query (and the first stage, its cosine
+    ranking) ties every session's chunk of that motif; its signature names s* first and two other
+    sessions after it. Only a reading of the signature can find the right twin."""
+    rng = np.random.default_rng(seed)
+    d, sessions, motifs = 16, 8, 4
+    story, motif = _unit_rows(rng, sessions, d), _unit_rows(rng, motifs, d)
+    chunks = np.stack([story[s] + motif[m] for s in range(sessions) for m in range(motifs)])
+    chunks /= np.linalg.norm(chunks, axis=1, keepdims=True)
+    owner = np.repeat(np.arange(sessions), motifs)
+    chunk_ids = [f"c{i}" for i in range(len(chunks))]
+    summary_ids = [f"s{s}" for s in range(sessions)]
+    session_of = {c: summary_ids[o] for c, o in zip(chunk_ids, owner)}
+    queries, signatures, evidence, fused, gold = [], [], [], [], []
+    for _ in range(4):
+        for s in range(sessions):
+            for m in range(motifs):
+                q = motif[m] + 0.05 * rng.normal(size=d)
+                q /= np.linalg.norm(q)
+                others = rng.choice([o for o in range(sessions) if o != s], size=2, replace=False)
+                sig = [summary_ids[s]] + [summary_ids[o] for o in others]
+                cosine = chunks @ q
+                order = np.argsort(-cosine, kind="stable")
+                ranking = [(chunk_ids[i], 1.0 / (10 + r)) for r, i in enumerate(order, start=1)]
+                members = {c: o for c, o in session_of.items() if o in sig}
+                queries.append(q)
+                signatures.append(sig)
+                evidence.append(signature_evidence(q, story[[int(x[1:]) for x in sig]], sig, ranking, members,
+                                                   dict(zip(chunk_ids, cosine))))
+                fused.append((order, np.asarray([f for _, f in ranking])))
+                gold.append(np.asarray([s * motifs + m]))
+    collection = Collection(None, chunk_ids, chunks, owner, summary_ids, story, [])
+    return collection, Examples([{}] * len(queries), np.asarray(queries), signatures, evidence, fused, gold)
+
+
+def _recall_at_1(head: SignatureHead, collection: Collection, ex: Examples) -> float:
+    """How often the head's score κ·rrf + λ·e·e_c + β·a_{π(c)}, over every chunk, ranks the gold first."""
+    index = {s: n for n, s in enumerate(collection.summary_ids)}
+    hits = 0
+    for q, sig, evidence, (rows, fused), gold in zip(ex.queries, ex.signatures, ex.evidence, ex.fused, ex.gold_rows):
+        sig_rows = [index[s] for s in sig]
+        e, a = head.query(q, collection.summaries[sig_rows], evidence, 0.5)
+        bonus = np.zeros(len(collection.summary_ids))
+        bonus[sig_rows] = head.beta * a
+        rrf = np.zeros(len(collection.chunk_ids))
+        rrf[rows] = fused
+        hits += int(np.argmax(head.kappa * rrf + head.lam * (collection.chunks @ e) + bonus[collection.owner]) in gold)
+    return hits / len(ex.queries)
+
+
+def test_training_lowers_the_loss_and_beats_the_untrained_head() -> None:
+    collection, ex = _twins()
+    head, curve = train_head(collection, ex, epochs=30, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4,
+                             batch_size=32, delta=0.5, seed=0, embedder="test",
+                             on_epoch=lambda h: {"score": _recall_at_1(h, collection, ex)}, progress=False)
+    losses = [r["train_loss"] for r in curve[1:]]
+    assert losses[-1] < 0.5 * losses[0]
+    before, after = curve[0]["score"], _recall_at_1(head, collection, ex)  # epoch 0: the untrained head
+    assert before < 0.5  # the query alone ties eight twins
+    assert after >= 0.9 and after == max(r["score"] for r in curve)
+
+
+# --------------------------------------------------------------------------- (d) E2 on a real collection
+
+
+@pytest.mark.slow
+@requires_data
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, hybrid: bool) -> None:
+    """Scoring every chunk of the collection gives the ranking E2 finds in its candidate set, with a
+    shallow first stage (so the nearest chunks to e and the sessions' chunks must add the rest)."""
+    from nodes.context import Context
+    from nodes.qa import select_signature
+    from nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
+
+    store, head = tiny_collection.store, load_head("")
+    rows, matrix = store.vector_rows("chunks")
+    ids = sorted(rows, key=rows.get)
+    owners = store.summary_of(ids)
+    ctx = Context(collection=store.name)
+    fusion = Fusion.of(ctx) if hybrid else None
+    k, candidates = 8, 3
+    for question in ("Who stole the lovely Rose-Red?", "Why did the fox trick the wolf?"):
+        q = minilm.embed_query(question).astype(np.float64)
+        step0 = query_only(store, q, ctx.k0)
+        sig = [p["id"] for p in select_signature(store, question, q, step0, ctx, "coverage")]
+        fused, _, _, _, summary_vecs, evidence = head_inputs(store, q, sig, max(k, candidates), text=question, fusion=fusion)
+        e, a = head.query(q, summary_vecs, evidence, 0.5)
+        weight, rrf = dict(zip(sig, head.beta * a)), dict(fused)
+        score = (head.kappa * np.asarray([rrf.get(i, 0.0) for i in ids])
+                 + head.lam * (matrix.astype(np.float64)[[rows[i] for i in ids]] @ e)
+                 + np.asarray([weight.get(o, 0.0) for o in owners]))
+        order = [ids[n] for n in np.argsort(-score, kind="stable")]
+        expected = [fused[0][0]] + [i for i in order if i != fused[0][0]][: k - 1]  # the first stage's best leads
+        got = trained_signature(store, head, q, sig, 0.5, k=k, candidates=candidates, text=question, fusion=fusion)
+        assert [h.id for h in got] == expected
+        assert any(h.s_sig != 0 for h in got)
+        if not hybrid:  # three dense candidates: the nearest chunks to e and the sessions' chunks had to add the rest
+            assert not set(expected[1:]) <= {c for c, _ in fused}
+
+
+@pytest.mark.slow
+@requires_data
+def test_trained_e2_with_an_empty_signature_is_the_first_stage_reweighed(tiny_collection, minilm) -> None:
+    from nodes.retrieval import first_stage, trained_signature
+
+    store, head = tiny_collection.store, load_head("")
+    q = minilm.embed_query("Who stole the lovely Rose-Red?")
+    got = trained_signature(store, head, q, [], 0.5, k=5, candidates=10)
+    assert len(got) == 5 and got[0].id == first_stage(store, q, 10)[0][0]
+    assert all(h.s_sig == pytest.approx(head.lam * h.s_qry) for h in got)  # e is the query itself, nothing lifted
+
+
+@pytest.mark.slow
+@requires_data
+def test_session_members_are_the_chunks_ingestion_gave_each_session(tiny_collection) -> None:
+    store = tiny_collection.store
+    got = store.chunks.get(include=["metadatas"])
+    truth: dict[str, set[str]] = {}
+    for cid, meta in zip(got["ids"], got["metadatas"]):
+        truth.setdefault(meta["summary_id"], set()).add(cid)
+    summaries = store.summaries.get()["ids"]
+    members: dict[str, set[str]] = {}
+    for cid, sid in store.session_members(summaries + ["no-such-book:s00000", "golden-goose:s99999"]):
+        members.setdefault(sid, set()).add(cid)
+    assert members == truth and len(summaries) > 3
+
+
+@pytest.mark.slow
+@requires_data
+def test_mia_rag_runs_with_the_trained_head_and_refuses_a_bad_one(tiny_collection, tmp_path: Path) -> None:
+    from graph.registry import load_graph
+    from nodes.context import Context
+
+    graph = load_graph("mia_rag")
+    out = graph.invoke({"question": "Who stole the lovely Rose-Red?"},
+                       context=Context(collection=tiny_collection.name, retrieval_only=True, sig_strategy="trained"))
+    assert len(out["retrieved"]) == 10 and out["signature"]
+    with pytest.raises(HeadError, match="missing"):
+        graph.invoke({"question": "Who stole the lovely Rose-Red?"},
+                     context=Context(collection=tiny_collection.name, retrieval_only=True, sig_strategy="trained",
+                                     sig_weights=str(tmp_path / "none.npz")))
+
+
+def test_cli_refuses_bad_training_settings(cli) -> None:
+    result = cli("train", "retriever", "--epochs", "0")
+    assert result.code == 2 and "--epochs must be at least 1" in result.err
+
+
+# --------------------------------------------------------------------------- (e) the training data
+
+
+@requires_data
+def test_fairytale_train_holds_train_stories_only(tmp_path: Path) -> None:
+    from evals.datasets import BUILDERS, DatasetError, read_source
+    from tests.conftest import shared_data
+
+    built = BUILDERS["fairytale-train"](tmp_path / "ft", split="train")
+    with (shared_data() / "fairytaleqa" / "story_meta.csv").open(newline="", encoding="utf-8") as handle:
+        meta = list(csv.DictReader(handle))
+    text = "".join(read_source(p) for p in built.sources)
+    train = [r for r in meta if r["split"] == "train"]
+    held_out = [r for r in meta if r["split"] != "train"]
+    assert len({q["meta"]["story"] for q in built.questions}) == len(train)
+    assert len(built.questions) == sum(int(r["questions"]) for r in train)
+    from evals.datasets import _story_title
+
+    for row in held_out:
+        assert f"\n\n{_story_title(row['filename'])}\n\n" not in text and not text.startswith(_story_title(row["filename"]) + "\n\n")
+    with pytest.raises(DatasetError, match="train-split stories only"):
+        BUILDERS["fairytale-train"](tmp_path / "ft-test", split="test")
