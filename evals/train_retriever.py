@@ -208,9 +208,10 @@ class Tensors:
                    torch.from_numpy(np.asarray(collection.owner, dtype=np.int64)))
 
 
-def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Examples, idx: Sequence[int],
-               delta: float) -> Any:
-    """Multi-positive InfoNCE over every chunk of the collection: −log Σ_gold softmax(score)."""
+def batch_scores(head: TorchHead, collection: Collection, tensors: Tensors, ex: Examples, idx: Sequence[int],
+                 delta: float) -> tuple[Any, Any]:
+    """(score, gold): E2's score κ·rrf + λ·e·e_c + β·a_{π(c)} of every chunk for each question of the
+    batch (B, N), and which chunks are gold."""
     import torch
 
     n_sum = len(collection.summary_ids)
@@ -232,7 +233,15 @@ def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Ex
                         torch.from_numpy(evidence), sig_rows < n_sum, delta)
     member = torch.zeros(len(idx), n_sum + 1, dtype=torch.float64).scatter_add(1, sig_rows, a)
     _, kappa, lam, beta = head.scalars
-    score = kappa * rrf + lam * (e @ tensors.chunks.T) + beta * member[:, tensors.owner]
+    return kappa * rrf + lam * (e @ tensors.chunks.T) + beta * member[:, tensors.owner], gold
+
+
+def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Examples, idx: Sequence[int],
+               delta: float) -> Any:
+    """Multi-positive InfoNCE over every chunk of the collection: −log Σ_gold softmax(score)."""
+    import torch
+
+    score, gold = batch_scores(head, collection, tensors, ex, idx, delta)
     return (torch.logsumexp(score, dim=1) - torch.logsumexp(score.masked_fill(~gold, float("-inf")), dim=1)).mean()
 
 

@@ -180,19 +180,35 @@ def _twins(seed: int = 0) -> tuple[Collection, Examples]:
     return collection, Examples([{}] * len(queries), np.asarray(queries), signatures, evidence, fused, gold)
 
 
+def _scores(head: SignatureHead, collection: Collection, ex: Examples, n: int) -> np.ndarray:
+    """E2's score κ·rrf + λ·e·e_c + β·a_{π(c)} of every chunk for question n, by the numpy head."""
+    index = {s: i for i, s in enumerate(collection.summary_ids)}
+    sig_rows = [index[s] for s in ex.signatures[n]]
+    e, a = head.query(ex.queries[n], collection.summaries[sig_rows], ex.evidence[n], 0.5)
+    bonus = np.zeros(len(collection.summary_ids))
+    bonus[sig_rows] = head.beta * a
+    rrf = np.zeros(len(collection.chunk_ids))
+    rows, fused = ex.fused[n]
+    rrf[rows] = fused
+    return head.kappa * rrf + head.lam * (collection.chunks @ e) + bonus[collection.owner]
+
+
 def _recall_at_1(head: SignatureHead, collection: Collection, ex: Examples) -> float:
-    """How often the head's score κ·rrf + λ·e·e_c + β·a_{π(c)}, over every chunk, ranks the gold first."""
-    index = {s: n for n, s in enumerate(collection.summary_ids)}
-    hits = 0
-    for q, sig, evidence, (rows, fused), gold in zip(ex.queries, ex.signatures, ex.evidence, ex.fused, ex.gold_rows):
-        sig_rows = [index[s] for s in sig]
-        e, a = head.query(q, collection.summaries[sig_rows], evidence, 0.5)
-        bonus = np.zeros(len(collection.summary_ids))
-        bonus[sig_rows] = head.beta * a
-        rrf = np.zeros(len(collection.chunk_ids))
-        rrf[rows] = fused
-        hits += int(np.argmax(head.kappa * rrf + head.lam * (collection.chunks @ e) + bonus[collection.owner]) in gold)
-    return hits / len(ex.queries)
+    """How often the head's score, over every chunk, ranks the gold first."""
+    return sum(int(np.argmax(_scores(head, collection, ex, n)) in ex.gold_rows[n]) for n in range(len(ex.queries))) / len(ex.queries)
+
+
+def test_training_scores_are_the_numpy_heads() -> None:
+    """The loss is taken over the very scores E2 ranks by (apart from the pin of the first stage's best)."""
+    from evals.train_retriever import Tensors, batch_scores
+
+    collection, ex = _twins()
+    torch_head = _random_head(d=16)
+    score, gold = batch_scores(torch_head, collection, Tensors.of(collection), ex, [0, 5, 17], 0.5)
+    head = torch_head.numpy("test")
+    for row, n in enumerate([0, 5, 17]):
+        np.testing.assert_allclose(score[row].detach().numpy(), _scores(head, collection, ex, n), atol=1e-9)
+        assert np.flatnonzero(gold[row].numpy()).tolist() == ex.gold_rows[n].tolist()
 
 
 def test_training_lowers_the_loss_and_beats_the_untrained_head() -> None:
