@@ -211,10 +211,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
         }, ensure_ascii=False))
         return 0
     if args.explain:
-        from nodes.context import context_from
+        from nodes.context import context_from, resolved_sig_strategy
 
         ctx = context_from(settings)
-        print(_explain(args.collection, state, steps, ctx.retriever, ctx.sig_strategy))
+        print(_explain(args.collection, state, steps, ctx.retriever, resolved_sig_strategy(ctx, args.graph)))
         print()
     messages = state.get("messages") or []
     print(messages[-1].text if messages else state.get("answer", ""))

@@ -207,13 +207,14 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     systematically gets the warmer caches."""
     from graph.registry import load_graph
     from nodes import resources
-    from nodes.context import context_from
+    from nodes.context import context_from, resolved_sig_strategy
     from nodes.qa import select_signature
     from nodes.retrieval import Fusion, query_only, signature_ranking
     from nodes.signature import coverage_aware, summary_pool
     from stores.mindscape import Mindscape
 
     ctx = context_from({**(settings or {}), "collection": collection, "retrieval_only": True})
+    strategy = resolved_sig_strategy(ctx, "mia_rag")
     store = Mindscape(collection)
     if store.summaries.count() == 0:
         raise ValueError(f"collection {collection!r} has no session summaries: re-ingest it with --summarizer llm or extractive")
@@ -236,7 +237,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         t2 = time.perf_counter()
         picks = select_signature(store, question, query_vec, step0, ctx, default="coverage")
         t3 = time.perf_counter()
-        signature_ranking(ctx, store, embedder, question, query_vec, [p["id"] for p in picks], ctx.top_k)
+        signature_ranking(ctx, strategy, store, embedder, question, query_vec, [p["id"] for p in picks], ctx.top_k)
         t4 = time.perf_counter()
         # The greedy alone (Alg. 2 on arrays already in memory), apart from fetching them from Chroma.
         records = store.chunk_records([h.id for h in step0], documents=False)
@@ -282,7 +283,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
         "embedder": embedder.name, "machine": _machine(), "questions": len(questions),
         "question_source": "one sentence from each of that many chunks spread evenly over the collection",
         "settings": {"k0": ctx.k0, "k_sum": ctx.k_sum, "top_k": ctx.top_k, "candidates": ctx.candidates,
-                     "alpha": ctx.alpha, "sig_strategy": ctx.sig_strategy, "retriever": ctx.retriever},
+                     "alpha": ctx.alpha, "sig_strategy": strategy, "retriever": ctx.retriever},
         "stages": summary,
         "ratios": _ratios(times),
         "goal": RETRIEVAL_GOAL, "selection_goal_ms": SELECTION_GOAL_MS,

@@ -44,7 +44,7 @@ from tqdm import tqdm
 from evals import metrics
 from evals.datasets import BUILDERS, Dataset, load_dataset
 from graph import registry
-from nodes.context import Context, coerce_setting, context_from
+from nodes.context import Context, coerce_setting, context_from, resolved_sig_strategy
 from stores.embeddings import load_embedder
 from stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, book_id, ingest
 from stores.mindscape import Mindscape
@@ -104,12 +104,13 @@ class Variant:
             read -= HYBRID_ONLY
         if self.context.retrieval_only or self.context.answer_format != "open":
             read -= OPEN_ANSWER_ONLY
+        resolved = {"sig_strategy": resolved_sig_strategy(self.context, self.graph)}  # auto is what it resolves to
         changed = {
-            f.name: getattr(self.context, f.name) for f in fields(Context)
-            if f.name in read and getattr(self.context, f.name) != FINGERPRINT_REFERENCE.get(f.name, f.default)
+            f.name: resolved.get(f.name, getattr(self.context, f.name)) for f in fields(Context)
+            if f.name in read and resolved.get(f.name, getattr(self.context, f.name)) != FINGERPRINT_REFERENCE.get(f.name, f.default)
         }
         payload = {"graph": self.graph, "context": changed, "ingest": ingest_key(self.ingest)}
-        if "sig_strategy" in read and self.context.sig_strategy == "trained":
+        if "sig_strategy" in read and resolved["sig_strategy"] == "trained":
             payload["head"] = head_digest(self.context.sig_weights)  # a retrained head is another configuration
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -22,7 +22,7 @@ import prompts
 from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of
-from nodes.context import Context
+from nodes.context import Context, resolved_sig_strategy
 from nodes.qa import prepare as prepare_question
 from nodes.qa import initial_signature
 from nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
@@ -97,7 +97,8 @@ def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
         hits = query_only(store, query_vec, ctx.step_k, text=state["query"], fusion=fusion, depth=ctx.candidates,
                           for_signature=False)
         return {"retrieved": as_scored(hits)}
-    hits = signature_ranking(ctx, store, embedder, state["query"], query_vec, summary_ids, ctx.step_k)
+    hits = signature_ranking(ctx, resolved_sig_strategy(ctx, "mia_agent"), store, embedder, state["query"], query_vec,
+                             summary_ids, ctx.step_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 AnswerInputs = Literal["chunks", "chunks+sig", "chunks+evi", "chunks+sig+evi", "auto"]
 SignatureInit = Literal["auto", "coverage", "first_k"]
-SigStrategy = Literal["centroid", "concat", "mia", "trained"]
+SigStrategy = Literal["auto", "trained", "centroid", "concat", "mia"]
 AnswerFormat = Literal["open", "choice", "verify"]
 OpenAnswer = Literal["trim", "sentence", "phrase", "schema", "extract"]
 Retriever = Literal["dense", "hybrid"]
@@ -74,7 +74,7 @@ class Context:
         0.2, "sig_strategy centroid/concat/mia: signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5.", group="signature"
     )
     sig_strategy: SigStrategy = _setting(
-        "trained", "How E2 reads the signature: trained (the default: the signature head of `mia train retriever`, shipped in stores/weights, adds to rag's own fused ranking a learned signature-aware cosine and a session membership term; chosen on the fairy-tale val split), or the paper's Eq. 4 with s_sig from the centroid of the summary vectors, concat (embed signature text + query) or mia (a decoder embedder's δ-interpolated query).", group="signature"
+        "auto", "How E2 reads the signature: trained (the signature head of `mia train retriever`, shipped in stores/weights, adds to rag's own fused ranking a learned signature-aware cosine and a session membership term), the paper's Eq. 4 with s_sig from the centroid of the summary vectors, concat (embed signature text + query) or mia (a decoder embedder's δ-interpolated query), or auto: trained for mia_rag, centroid for mia_agent (measured on the fairy-tale val split: the head lifts mia_rag's Recall@10 and lowered the agent's).", group="signature"
     )
     sig_weights: str = _setting(
         "", "sig_strategy=trained: the head's weights (.npz with its .json card beside it); empty: the shipped head (stores/weights/signature-head.npz).", group="signature"
@@ -150,6 +150,15 @@ class Context:
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def resolved_sig_strategy(ctx: Context, graph: str) -> str:
+    """The strategy ``graph``'s E2 uses: ``auto`` is the trained head for mia_rag and the centroid
+    for the agents, whose rewritten queries and First-K signatures the head was not trained on
+    (evals/results/signature-head-agent-fairytale-series-val)."""
+    if ctx.sig_strategy != "auto":
+        return ctx.sig_strategy
+    return "centroid" if graph == "mia_agent" else "trained"
 
 
 def coerce_setting(kind: str, raw: str, name: str) -> Any:

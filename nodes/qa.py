@@ -14,7 +14,7 @@ import prompts
 from nodes import resources
 from nodes.answer import generate as answer_with
 from nodes.answer import options_for, usage_of, without_sources
-from nodes.context import Context
+from nodes.context import Context, resolved_sig_strategy
 from nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
 from nodes.signature import coverage_aware, first_k, summary_pool
 from nodes.state import QAState
@@ -142,7 +142,8 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[s
     embedder = resources.embedder(ctx, store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]
-    hits = signature_ranking(ctx, store, embedder, state["question"], query_vec, summary_ids, ctx.top_k)
+    hits = signature_ranking(ctx, resolved_sig_strategy(ctx, "mia_rag"), store, embedder, state["question"], query_vec,
+                             summary_ids, ctx.top_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 

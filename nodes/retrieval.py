@@ -267,13 +267,13 @@ def trained_signature(
     return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(score[i] - base[i])) for i in order[:k]]
 
 
-def signature_ranking(ctx: Context, store: Mindscape, embedder: Embedder, question: str, query_vec: np.ndarray,
-                      summary_ids: Sequence[str], k: int) -> list[Scored]:
-    """E2 under the context's ``sig_strategy``: the top k chunks for the question and its signature
-    (mia_rag's E2, the agents' Retrieve, the retrieval bench)."""
+def signature_ranking(ctx: Context, strategy: str, store: Mindscape, embedder: Embedder, question: str,
+                      query_vec: np.ndarray, summary_ids: Sequence[str], k: int) -> list[Scored]:
+    """E2 under ``strategy`` (the context's ``sig_strategy``, resolved for the graph): the top k
+    chunks for the question and its signature (mia_rag's E2, the agents' Retrieve, the retrieval bench)."""
     fusion = Fusion.of(ctx)
-    if ctx.sig_strategy == "trained":
+    if strategy == "trained":
         return trained_signature(store, load_head(ctx.sig_weights), query_vec, summary_ids, ctx.delta, k, ctx.candidates,
                                  text=question, fusion=fusion)
-    sig_vec, _ = signature_vector(ctx.sig_strategy, store, embedder, question, summary_ids)
+    sig_vec, _ = signature_vector(strategy, store, embedder, question, summary_ids)
     return dual_signal(store, query_vec, sig_vec, ctx.alpha, k, ctx.candidates, text=question, fusion=fusion)

@@ -358,7 +358,7 @@ def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
         ("k0=ten", "setting k0='ten' is not a valid int"),
         ("retrieval_only=maybe", "setting retrieval_only='maybe' is not one of 1/true/yes/on/0/false/no/off"),
         ("lambda_q=-1", "lambda_q, lambda_c and lambda_d must be non-negative"),
-        ("sig_strategy=median", "sig_strategy must be one of centroid, concat, mia, trained"),
+        ("sig_strategy=median", "sig_strategy must be one of auto, trained, centroid, concat, mia"),
         ("kay0=5", "unknown setting(s) kay0"),
         ("alpha", "--set 'alpha' is not KEY=VALUE"),
     ],

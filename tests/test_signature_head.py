@@ -332,3 +332,21 @@ def test_fairytale_train_holds_train_stories_only(tmp_path: Path) -> None:
         assert f"\n\n{_story_title(row['filename'])}\n\n" not in text and not text.startswith(_story_title(row["filename"]) + "\n\n")
     with pytest.raises(DatasetError, match="train-split stories only"):
         BUILDERS["fairytale-train"](tmp_path / "ft-test", split="test")
+
+
+def test_auto_is_the_head_for_mia_rag_and_the_centroid_for_the_agent() -> None:
+    """Resolved per graph, and fingerprinted as what it resolves to, so `auto` reuses explicit results."""
+    from evals import runner
+    from nodes.context import Context, resolved_sig_strategy
+
+    ctx = Context()
+    assert ctx.sig_strategy == "auto"
+    assert (resolved_sig_strategy(ctx, "mia_rag"), resolved_sig_strategy(ctx, "mia_agent")) == ("trained", "centroid")
+    assert resolved_sig_strategy(Context(sig_strategy="centroid"), "mia_rag") == "centroid"
+
+    def prints(settings: dict[str, str]) -> list[str]:
+        return [v.fingerprint for v in runner.expand_variants(["mia_rag", "mia_agent"], settings, {}, retrieval_only=False,
+                                                               summarizer="extractive")]
+
+    auto = prints({})
+    assert auto == [prints({"sig_strategy": "trained"})[0], prints({"sig_strategy": "centroid"})[1]]
