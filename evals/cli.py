@@ -113,6 +113,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--delta", type=float, default=0.5, help="δ used in training; set the same `delta` when asking")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--without-signature", action="store_true",
+                   help="ablation: the same head on the same questions with their signatures emptied, so what it gains is "
+                        "a re-weighted first stage, not the signature's (give another --out)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

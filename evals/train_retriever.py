@@ -24,6 +24,7 @@ two cores once the collections exist (ingesting them takes about three more).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shlex
@@ -44,7 +45,7 @@ from stores.embeddings import Embedder, load_embedder
 from stores.ingest import IngestOptions, ingest
 from stores.mindscape import Mindscape
 from stores.settings import mia_home
-from stores.signature_head import EVIDENCE, SignatureHead
+from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, SignatureHead
 
 RECALL_K = 10
 KAPPA_START = 20.0
@@ -82,6 +83,13 @@ class Examples:
     """The first stage's ranking: chunk rows and their fused scores."""
     gold_rows: list[np.ndarray]
     """Rows of ``Collection.chunk_ids`` that overlap a gold span of the question."""
+
+
+def without_signatures(ex: Examples) -> Examples:
+    """The examples with every signature emptied: the ablation that tells the signature's gain from
+    what the same head gains by re-weighting the first stage alone (``--without-signature``)."""
+    return dataclasses.replace(ex, signatures=[[] for _ in ex.signatures],
+                               evidence=[np.zeros((0, len(EVIDENCE))) for _ in ex.evidence])
 
 
 def open_collection(name: str, book_map: dict[str, str]) -> Collection:
@@ -248,15 +256,18 @@ def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Ex
 def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, weight_decay: float, rank: int,
                fusion_rank: int, batch_size: int, delta: float, seed: int, embedder: str,
                on_epoch: Callable[[SignatureHead], dict[str, float]] | None = None,
-               progress: bool = True) -> tuple[SignatureHead, list[dict[str, Any]]]:
+               progress: bool = True, blind: bool = False) -> tuple[SignatureHead, list[dict[str, Any]]]:
     """Train for ``epochs``; after each (and before the first), ``on_epoch(head)`` scores the head
-    (its ``score`` picks the best, the earliest on ties), and the best head is returned with the curve."""
+    (its ``score`` picks the best, the earliest on ties), and the best head is returned with the curve.
+    ``blind`` trains on the same questions with their signatures emptied (the ablation)."""
     import torch
 
     torch.manual_seed(seed)
     keep = [n for n, g in enumerate(ex.gold_rows) if len(g) and ex.signatures[n]]
     stacked = np.concatenate([ex.evidence[n] for n in keep])
     head = TorchHead(collection.chunks.shape[1], rank, fusion_rank, seed, stacked.mean(0), np.maximum(stacked.std(0), 1e-6))
+    if blind:  # the same questions, nothing of their signatures
+        ex = without_signatures(ex)
     optimiser = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     rng = np.random.default_rng(seed)
     tensors = Tensors.of(collection)
@@ -384,13 +395,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"train: {train_name}, {len(train_set.chunk_ids)} chunks, {len(train_ex.questions)} questions; "
           f"val: {val_name}, {len(val_ex.questions)} questions", flush=True)
     rag = ranking_recall(val_set, val_ex, None, ctx)
+    scored_ex = without_signatures(val_ex) if args.without_signature else val_ex
     ceiling = attention_ceiling(val_set, val_ex)
     print(f"val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; a perfect "
           "attention would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
           + f" against rag's {rag['val_r10']:.1f}", flush=True)
     hyper = {name: getattr(args, name) for name in HYPERPARAMETERS}
     head, curve = train_head(train_set, train_ex, embedder=embedder.name, progress=progress,
-                             on_epoch=lambda h: ranking_recall(val_set, val_ex, h, ctx), **hyper)
+                             on_epoch=lambda h: ranking_recall(val_set, scored_ex, h, ctx), blind=args.without_signature,
+                             **hyper)
     best = max(curve, key=lambda r: (r["score"], -r["epoch"]))
     card = {
         "command": "mia train retriever " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in hyper.items())
@@ -405,12 +418,15 @@ def run(args: argparse.Namespace) -> int:
             "embedder": embedder.name,
         },
         "hyperparameters": hyper,
+        "without_signature": args.without_signature,
         "best_epoch": best["epoch"],
         "val_rag": rag,
         "val_ceiling": ceiling,
         "curve": curve,
         "seconds": round(time.time() - started, 1),
     }
+    if args.without_signature and args.out.resolve() == DEFAULT_WEIGHTS.parent.resolve():
+        raise ValueError("--without-signature is an ablation: give it another --out than the shipped head's folder")
     args.out.mkdir(parents=True, exist_ok=True)
     digest = head.save(args.out / "signature-head.npz", card)
     plot_curve(curve, rag["val_r10"], args.out / "curve.png")

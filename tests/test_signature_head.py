@@ -350,3 +350,17 @@ def test_auto_is_the_head_for_mia_rag_and_the_centroid_for_the_agent() -> None:
 
     auto = prints({})
     assert auto == [prints({"sig_strategy": "trained"})[0], prints({"sig_strategy": "centroid"})[1]]
+
+
+def test_the_blind_ablation_cannot_tell_the_twins_apart() -> None:
+    """`--without-signature` trains the same head with every signature emptied: on the twins, where only
+    the signature tells the sessions apart, it stays where the query alone is."""
+    from evals.train_retriever import without_signatures
+
+    collection, ex = _twins()
+    blind_ex = without_signatures(ex)
+    assert all(s == [] for s in blind_ex.signatures) and blind_ex.gold_rows == ex.gold_rows
+    _, curve = train_head(collection, ex, epochs=10, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, batch_size=32,
+                          delta=0.5, seed=0, embedder="test", blind=True,
+                          on_epoch=lambda h: {"score": _recall_at_1(h, collection, blind_ex)}, progress=False)
+    assert max(r["score"] for r in curve) < 0.5
