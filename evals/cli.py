@@ -110,6 +110,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--rank", type=int, default=8, help="rank of the query→summary attention map")
     p.add_argument("--fusion-rank", type=int, default=16, help="rank of the signature→query map P·Q")
+    p.add_argument("--window", type=int,
+                   help="session window (chunks) of the train and val collections (default: ingestion's own); "
+                        "a head trained on one window was not measured on collections of another")
+    p.add_argument("--radius", type=int, default=1,
+                   help="sessions either side of a signature summary that its region term lifts too (0: none)")
+    p.add_argument("--continuity", type=float, default=0.3,
+                   help="summary cosine at which a neighbouring session continues a signature summary's region "
+                        "(0.3: about the 10th percentile of neighbouring fairy-tale train summaries)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--delta", type=float, default=0.5, help="δ used in training; set the same `delta` when asking")
     p.add_argument("--seed", type=int, default=0)

@@ -43,16 +43,17 @@ from nodes.qa import select_signature
 from nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
 from stores.embeddings import Embedder, load_embedder
 from stores.ingest import IngestOptions, ingest
-from stores.mindscape import Mindscape
+from stores.mindscape import Mindscape, neighbour_sessions
 from stores.settings import mia_home
-from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, SignatureHead
+from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, MAX_RADIUS, SignatureHead
 
 RECALL_K = 10
 KAPPA_START = 20.0
 """κ at the start. The fused scores are at most ~0.45 (1/11 + 4/11 at the default fusion), and the
 loss reads scores as logits, so κ = 20 makes the untrained head's softmax about as sharp as a
 temperature of 0.05 on cosines; with λ = β = 0 it ranks exactly as rag does."""
-HYPERPARAMETERS = ("epochs", "lr", "weight_decay", "rank", "fusion_rank", "batch_size", "delta", "seed")
+HYPERPARAMETERS = ("epochs", "lr", "weight_decay", "rank", "fusion_rank", "radius", "continuity", "batch_size", "delta",
+                   "seed")
 
 
 @dataclass
@@ -153,7 +154,8 @@ def build_examples(collection: Collection, questions: Sequence[dict[str, Any]], 
 class TorchHead:
     """``SignatureHead`` in torch, the same function (tests check the two agree), for training."""
 
-    def __init__(self, dim: int, rank: int, fusion_rank: int, seed: int, mean: np.ndarray, std: np.ndarray) -> None:
+    def __init__(self, dim: int, rank: int, fusion_rank: int, seed: int, mean: np.ndarray, std: np.ndarray,
+                 radius: int = 0, continuity: float = 1.0) -> None:
         import torch
 
         g = torch.Generator().manual_seed(seed)
@@ -163,8 +165,10 @@ class TorchHead:
         self.w = torch.nn.Parameter(torch.zeros(len(EVIDENCE), dtype=torch.float64))
         self.p = torch.nn.Parameter(torch.randn(dim, fusion_rank, generator=g, dtype=torch.float64) * scale)
         self.q = torch.nn.Parameter(torch.zeros(fusion_rank, dim, dtype=torch.float64))
-        # (γ, κ, λ, β): λ = β = 0 starts at rag's own ranking; training moves away from it only where it gains.
-        self.scalars = torch.nn.Parameter(torch.tensor([0.0, KAPPA_START, 0.0, 0.0], dtype=torch.float64))
+        # (γ, κ, λ, β, β_near): λ = β = β_near = 0 starts at rag's own ranking; training moves away from
+        # it only where it gains.
+        self.scalars = torch.nn.Parameter(torch.tensor([0.0, KAPPA_START, 0.0, 0.0, 0.0], dtype=torch.float64))
+        self.radius, self.continuity = radius, continuity
         self.mean = torch.as_tensor(mean, dtype=torch.float64)
         self.std = torch.as_tensor(std, dtype=torch.float64)
 
@@ -184,7 +188,7 @@ class TorchHead:
         return torch.nn.functional.normalize((1.0 - delta) * q + delta * aware, dim=-1), a
 
     def keep_non_negative(self) -> None:
-        """κ, λ, β ≥ 0 is what lets E2 find its exact top k in its candidate set (``load_head`` checks it)."""
+        """κ, λ, β, β_near ≥ 0 is what lets E2 find its exact top k in its candidate set (``load_head`` checks it)."""
         import torch
 
         with torch.no_grad():
@@ -192,9 +196,10 @@ class TorchHead:
 
     def numpy(self, embedder: str) -> SignatureHead:
         d = lambda t: t.detach().double().numpy().copy()  # noqa: E731
-        gamma, kappa, lam, beta = (float(x) for x in self.scalars.detach())
+        gamma, kappa, lam, beta, beta_near = (float(x) for x in self.scalars.detach())
         return SignatureHead(d(self.u), d(self.v), d(self.w), d(self.mean), d(self.std), d(self.p), d(self.q),
-                             gamma, kappa, lam, beta, embedder)
+                             gamma, kappa, lam, beta, embedder, beta_near if self.radius else 0.0, self.radius,
+                             self.continuity)
 
 
 @dataclass
@@ -205,21 +210,30 @@ class Tensors:
     summaries: Any
     """The summaries' vectors and a zero row after them, where padded signature places point."""
     owner: Any
+    region: Any
+    """region[i, j] = 1 when session j is in signature session i's region: within the head's radius
+    in its book (``stores.mindscape.neighbour_sessions``) and continuing it (``SignatureHead.session_lift``);
+    all 0 at radius 0."""
 
     @classmethod
-    def of(cls, collection: Collection) -> Tensors:
+    def of(cls, collection: Collection, radius: int = 0, continuity: float = 1.0) -> Tensors:
         import torch
 
-        d = collection.chunks.shape[1]
+        d, n = collection.chunks.shape[1], len(collection.summary_ids)
         summaries = np.vstack([np.asarray(collection.summaries, dtype=np.float64), np.zeros((1, d))])
+        index = {s: i for i, s in enumerate(collection.summary_ids)}
+        region = np.zeros((n + 1, n + 1))
+        for i, summary_id in enumerate(collection.summary_ids if radius else []):
+            near = [index[s] for s in neighbour_sessions(summary_id, radius) if s in index]
+            region[i, [j for j in near if j == i or float(collection.summaries[i] @ collection.summaries[j]) >= continuity]] = 1.0
         return cls(torch.from_numpy(np.asarray(collection.chunks, dtype=np.float64)), torch.from_numpy(summaries),
-                   torch.from_numpy(np.asarray(collection.owner, dtype=np.int64)))
+                   torch.from_numpy(np.asarray(collection.owner, dtype=np.int64)), torch.from_numpy(region))
 
 
 def batch_scores(head: TorchHead, collection: Collection, tensors: Tensors, ex: Examples, idx: Sequence[int],
                  delta: float) -> tuple[Any, Any]:
-    """(score, gold): E2's score κ·rrf + λ·e·e_c + β·a_{π(c)} of every chunk for each question of the
-    batch (B, N), and which chunks are gold."""
+    """(score, gold): E2's score κ·rrf + λ·e·e_c + β·a_{π(c)} + β_near·(a's mass on π(c)'s region)
+    of every chunk for each question of the batch (B, N), and which chunks are gold."""
     import torch
 
     n_sum = len(collection.summary_ids)
@@ -240,8 +254,9 @@ def batch_scores(head: TorchHead, collection: Collection, tensors: Tensors, ex: 
     e, a = head.forward(torch.from_numpy(np.asarray(ex.queries[list(idx)], dtype=np.float64)), tensors.summaries[sig_rows],
                         torch.from_numpy(evidence), sig_rows < n_sum, delta)
     member = torch.zeros(len(idx), n_sum + 1, dtype=torch.float64).scatter_add(1, sig_rows, a)
-    _, kappa, lam, beta = head.scalars
-    return kappa * rrf + lam * (e @ tensors.chunks.T) + beta * member[:, tensors.owner], gold
+    _, kappa, lam, beta, beta_near = head.scalars
+    lift = beta * member + (beta_near * (member @ tensors.region) if head.radius else 0.0)
+    return kappa * rrf + lam * (e @ tensors.chunks.T) + lift[:, tensors.owner], gold
 
 
 def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Examples, idx: Sequence[int],
@@ -254,7 +269,7 @@ def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Ex
 
 
 def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, weight_decay: float, rank: int,
-               fusion_rank: int, batch_size: int, delta: float, seed: int, embedder: str,
+               fusion_rank: int, radius: int, continuity: float, batch_size: int, delta: float, seed: int, embedder: str,
                on_epoch: Callable[[SignatureHead], dict[str, float]] | None = None,
                progress: bool = True, blind: bool = False) -> tuple[SignatureHead, list[dict[str, Any]]]:
     """Train for ``epochs``; after each (and before the first), ``on_epoch(head)`` scores the head
@@ -265,12 +280,13 @@ def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, 
     torch.manual_seed(seed)
     keep = [n for n, g in enumerate(ex.gold_rows) if len(g) and ex.signatures[n]]
     stacked = np.concatenate([ex.evidence[n] for n in keep])
-    head = TorchHead(collection.chunks.shape[1], rank, fusion_rank, seed, stacked.mean(0), np.maximum(stacked.std(0), 1e-6))
+    head = TorchHead(collection.chunks.shape[1], rank, fusion_rank, seed, stacked.mean(0), np.maximum(stacked.std(0), 1e-6),
+                     radius, continuity)
     if blind:  # the same questions, nothing of their signatures
         ex = without_signatures(ex)
     optimiser = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     rng = np.random.default_rng(seed)
-    tensors = Tensors.of(collection)
+    tensors = Tensors.of(collection, radius, continuity)
     curve: list[dict[str, Any]] = []
     best: tuple[float, SignatureHead] | None = None
     for epoch in range(epochs + 1):
@@ -325,7 +341,8 @@ def attention_ceiling(collection: Collection, ex: Examples) -> dict[str, Any]:
     session is in their signature, and R@10 when the membership term lifts exactly the gold sessions
     among the signature's (β·1 on their chunks, the first stage's best hit leading, as in E2).
 
-    Any head that reads only the signature is bounded by this; what remains is the signature's
+    A head passes it only by what its other terms find outside those sessions (the region term's
+    neighbouring sessions, the nearest chunks to e); beyond that, what remains is the signature's
     selection (and the first stage it comes from)."""
     index = {s: n for n, s in enumerate(collection.summary_ids)}
     inside, recall = [], {beta: [] for beta in CEILING_BETAS}
@@ -376,13 +393,18 @@ def run(args: argparse.Namespace) -> int:
     for name in ("epochs", "batch_size", "rank", "fusion_rank"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.window is not None and args.window < 1:
+        raise ValueError(f"--window must be at least 1, got {args.window}")
+    if not 0 <= args.radius <= MAX_RADIUS or not -1.0 <= args.continuity <= 1.0:
+        raise ValueError(f"--radius must be in [0, {MAX_RADIUS}] and --continuity in [-1, 1], got {args.radius} and "
+                         f"{args.continuity}")
     if not 0.0 <= args.delta <= 1.0:
         raise ValueError(f"--delta must be in [0, 1], got {args.delta}")
     if args.lr <= 0 or args.weight_decay < 0:
         raise ValueError("--lr must be positive and --weight-decay not negative")
     started = time.time()
     progress = not args.quiet
-    options = IngestOptions()
+    options = IngestOptions(**({"window": args.window} if args.window else {}))  # ingestion's defaults unless asked
     embedder = load_embedder("minilm")
     ctx = Context(collection="unused", delta=args.delta)
     cache = mia_home() / "train-retriever"  # step 0, signatures and the head's inputs per question, reused by a rerun
@@ -397,8 +419,8 @@ def run(args: argparse.Namespace) -> int:
     rag = ranking_recall(val_set, val_ex, None, ctx)
     scored_ex = without_signatures(val_ex) if args.without_signature else val_ex
     ceiling = attention_ceiling(val_set, val_ex)
-    print(f"val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; a perfect "
-          "attention would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
+    print(f"val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; lifting "
+          "exactly those would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
           + f" against rag's {rag['val_r10']:.1f}", flush=True)
     hyper = {name: getattr(args, name) for name in HYPERPARAMETERS}
     head, curve = train_head(train_set, train_ex, embedder=embedder.name, progress=progress,
@@ -407,12 +429,12 @@ def run(args: argparse.Namespace) -> int:
     best = max(curve, key=lambda r: (r["score"], -r["epoch"]))
     card = {
         "command": "mia train retriever " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in hyper.items())
-                   + f" --out {shlex.quote(str(args.out))}",
+                   + (f" --window {args.window}" if args.window else "") + f" --out {shlex.quote(str(args.out))}",
         "recipe": {
             "train": f"fairytale-train (every FairytaleQA origin's train stories, one book per origin): "
                      f"{len(train_ex.questions)} questions, collection {train_name} ({len(train_set.chunk_ids)} chunks)",
             "val": f"fairytale-series val: {len(val_ex.questions)} questions, collection {val_name}",
-            "ingestion": "product defaults: " + json.dumps(vars(options)),
+            "ingestion": json.dumps(vars(options)),
             "signature": f"step 0 {ctx.retriever} E1 (k0 {ctx.k0}) + coverage-aware InitSignature (k_sum {ctx.k_sum}), as mia_rag",
             "first_stage": {name: getattr(ctx, name) for name in ("retriever", "bm25_weight", "rrf_k", "bm25_stemming", "candidates")},
             "embedder": embedder.name,

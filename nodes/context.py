@@ -74,7 +74,7 @@ class Context:
         0.2, "sig_strategy centroid/concat/mia: signature weight α in s = (1 − α)·s_qry + α·s_sig (Eq. 4); 0.2 was best on the validation split, the paper uses 0.5.", group="signature"
     )
     sig_strategy: SigStrategy = _setting(
-        "auto", "How E2 reads the signature: trained (the signature head of `mia train retriever`, shipped in stores/weights, adds to rag's own fused ranking a learned signature-aware cosine and a session membership term), the paper's Eq. 4 with s_sig from the centroid of the summary vectors, concat (embed signature text + query) or mia (a decoder embedder's δ-interpolated query), or auto: trained for mia_rag, centroid for mia_agent (measured on the fairy-tale val split: the head lifts mia_rag's Recall@10 and lowered the agent's).", group="signature"
+        "auto", "How E2 reads the signature: trained (the signature head of `mia train retriever`, shipped in stores/weights, adds to rag's own fused ranking a learned signature-aware cosine, a session membership term and a region term over the neighbouring sessions that continue it), the paper's Eq. 4 with s_sig from the centroid of the summary vectors, concat (embed signature text + query) or mia (a decoder embedder's δ-interpolated query), or auto: trained for mia_rag, centroid for mia_agent (measured on the fairy-tale val split: the head lifts mia_rag's Recall@10 and lowered the agent's).", group="signature"
     )
     sig_weights: str = _setting(
         "", "sig_strategy=trained: the head's weights (.npz with its .json card beside it); empty: the shipped head (stores/weights/signature-head.npz).", group="signature"

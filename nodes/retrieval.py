@@ -14,7 +14,7 @@ find (evals/results/signature-payoff); BM25 is what finds them, and plain RRF (k
 weights) let the weaker dense ranking pull the fused one below BM25 alone, hence the weights.
 
 ``sig_strategy=trained`` is not linear in the chunk vector: the trained head (stores.signature_head)
-adds to rag's own fused first stage a signature-aware cosine and a session membership term, scored
+adds to rag's own fused first stage a signature-aware cosine and session and region membership terms, scored
 exactly over a candidate set that provably holds the top k (``trained_signature``).
 """
 
@@ -225,17 +225,18 @@ def trained_signature(
     store: Mindscape, head: SignatureHead, query_vec: np.ndarray, summary_ids: Sequence[str], delta: float,
     k: int, candidates: int, *, text: str = "", fusion: Fusion | None = None,
 ) -> list[Scored]:
-    """Top-k chunks under the trained head (``sig_strategy=trained``): κ·rrf(c) + λ·e·e_c + β·a_{π(c)}
-    over rag's own first stage (``first_stage`` at depth ``candidates``), with e the head's
-    signature-aware query interpolated by ``delta`` and a its attention over the signature.
-    With an empty signature, the head's query is the query's own and nothing is lifted.
+    """Top-k chunks under the trained head (``sig_strategy=trained``): κ·rrf(c) + λ·e·e_c + the
+    membership terms (``SignatureHead.session_lift``: β·a_{π(c)} and β_near on the sessions around
+    each signature summary) over rag's own first stage (``first_stage`` at depth ``candidates``),
+    with e the head's signature-aware query interpolated by ``delta`` and a its attention over the
+    signature. With an empty signature, the head's query is the query's own and nothing is lifted.
 
     The first stage's best chunk stays first, so the signature reorders what follows it: on the
     fairy-tale val split the head otherwise lifted Recall@10 while it lowered Recall@1. Scored
-    exactly over the first stage's chunks ∪ every chunk of the signature's sessions ∪ the nearest
+    exactly over the first stage's chunks ∪ every chunk of the lifted sessions ∪ the nearest
     ``candidates`` to e: a chunk outside all three has no fused score and no membership term, so it
-    scores λ·e·e_c, no more than each of those nearest (which score at least as much, κ, λ, β ≥ 0 as
-    ``load_head`` checks), and it cannot reach the top k. ``s_sig`` of a hit is what the
+    scores λ·e·e_c, no more than each of those nearest (which score at least as much, κ, λ, β,
+    β_near ≥ 0 as ``load_head`` checks), and it cannot reach the top k. ``s_sig`` of a hit is what the
     signature terms gave it."""
     query = np.asarray(query_vec, dtype=np.float64).ravel()
     query = query / max(float(np.linalg.norm(query)), 1e-12)
@@ -248,6 +249,18 @@ def trained_signature(
     depth = max(k, candidates)
     fused, session_of, ids, vectors, summary_vecs, evidence = head_inputs(store, query, summary_ids, depth, text=text, fusion=fusion)
     e, attention = head.query(query, summary_vecs, evidence, delta)
+    rows, summaries = store.vector_rows("summaries")
+    lift = head.session_lift(summary_ids, attention, lambda a, b: float(summaries[rows[a]] @ summaries[rows[b]])
+                             if a in rows and b in rows else None)
+    own = set(summary_ids)
+    around = [s for s in lift if s not in own]
+    if around:  # the region term's sessions: their chunks are candidates too
+        session_of = {**session_of, **dict(store.session_members(around))}
+        present = set(ids)
+        more = [c for c in session_of if c not in present]
+        if more:
+            ids += more
+            vectors = np.vstack([vectors, store.vectors("chunks", more).astype(np.float64)])
     seen = set(ids)
     nearer = [h.id for h in store.search_chunks(e, depth) if h.id not in seen]
     if nearer:
@@ -255,10 +268,9 @@ def trained_signature(
         vectors = np.vstack([vectors, store.vectors("chunks", nearer).astype(np.float64)])
     if not ids:
         return []
-    membership = dict(zip(summary_ids, head.beta * attention))
     rrf = dict(fused)
     base = head.kappa * np.asarray([rrf.get(c, 0.0) for c in ids])
-    score = base + head.lam * (vectors @ e) + np.asarray([membership.get(session_of.get(c, ""), 0.0) for c in ids])
+    score = base + head.lam * (vectors @ e) + np.asarray([lift.get(session_of.get(c, ""), 0.0) for c in ids])
     order = list(np.argsort(-score, kind="stable"))
     if fused:  # the first stage's best chunk (row 0 of ids) leads
         order.remove(0)

@@ -483,6 +483,18 @@ class Mindscape:
         return len(old)
 
 
+def neighbour_sessions(summary_id: str, radius: int) -> list[str]:
+    """The ids of the sessions within ``radius`` windows of ``summary_id`` in its book, itself
+    included, in book order (``book:s00012`` → ``book:s00011 … book:s00013`` at radius 1). Ids past
+    the book's last session name no chunk, so ``session_members`` skips them; an id not in the
+    ``book:sNNNNN`` form has no neighbours but itself."""
+    book, sep, window = summary_id.rpartition(":s")
+    if not sep or not window.isdigit():
+        return [summary_id]
+    j = int(window)
+    return [f"{book}:s{i:05d}" for i in range(max(0, j - radius), j + radius + 1)]  # as ingestion writes them
+
+
 def _window_starts(record: dict[str, Any]) -> tuple[int, ...]:
     return _parse_starts(str(record.get("window_starts", "")))
 

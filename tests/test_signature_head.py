@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -22,22 +23,25 @@ import pytest
 
 from evals.train_retriever import Collection, Examples, TorchHead, train_head
 from nodes.retrieval import signature_evidence
+from stores.mindscape import neighbour_sessions
 from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, HeadError, SignatureHead, load_head
 from tests.conftest import requires_data
 
 N_EVIDENCE = len(EVIDENCE)
 
 
-def _random_head(seed: int = 0, d: int = 12, rank: int = 3, fusion_rank: int = 4) -> TorchHead:
+def _random_head(seed: int = 0, d: int = 12, rank: int = 3, fusion_rank: int = 4, radius: int = 1,
+                 continuity: float = 0.0) -> TorchHead:
     import torch
 
     rng = np.random.default_rng(seed)
-    head = TorchHead(d, rank, fusion_rank, seed, rng.normal(size=N_EVIDENCE), rng.uniform(0.5, 2.0, size=N_EVIDENCE))
+    head = TorchHead(d, rank, fusion_rank, seed, rng.normal(size=N_EVIDENCE), rng.uniform(0.5, 2.0, size=N_EVIDENCE),
+                     radius, continuity)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # every parameter away from its start, so each term of the function is exercised
         for param in head.parameters():
             param.copy_(torch.randn(param.shape, generator=g) * 0.5)
-        head.keep_non_negative()  # κ, λ, β as training leaves them
+        head.scalars[1:].abs_()  # κ, λ, β, β_near as training leaves them: non-negative, here none 0
     return head
 
 
@@ -90,11 +94,44 @@ def test_weights_round_trip(tmp_path: Path) -> None:
     loaded = load_head(path)
     for name in ("u", "v", "w", "mean", "std", "p", "q"):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(head, name))
-    scalars = ("gamma", "kappa", "lam", "beta", "embedder")
+    scalars = ("gamma", "kappa", "lam", "beta", "beta_near", "radius", "continuity", "embedder")
     assert [getattr(loaded, n) for n in scalars] == [getattr(head, n) for n in scalars]
+    assert loaded.radius == 1 and loaded.beta_near > 0
     rng = np.random.default_rng(2)
     q, s, z = _unit_rows(rng, 1, 12)[0], _unit_rows(rng, 5, 12), rng.normal(size=(5, N_EVIDENCE))
     np.testing.assert_array_equal(loaded.query(q, s, z, 0.5)[0], head.query(q, s, z, 0.5)[0])
+
+
+def _raw_weights(path: Path, head: SignatureHead, scalars: int, **region: float) -> Path:
+    """A weights file written array by array (with its card), as another version might write it."""
+    values = [head.gamma, head.kappa, head.lam, head.beta, head.beta_near][:scalars]
+    np.savez(path, u=head.u, v=head.v, w=head.w, mean=head.mean, std=head.std, p=head.p, q=head.q,
+             scalars=np.asarray(values), embedder=np.asarray("x"), **{k: np.asarray(v) for k, v in region.items()})
+    path.with_suffix(".json").write_text(json.dumps({"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+    return path
+
+
+def test_a_head_from_before_the_region_term_loads_without_it(tmp_path: Path) -> None:
+    """Files written before ``radius`` existed hold four scalars: they are that head, no region term."""
+    head = _random_head().numpy("x")
+    loaded = load_head(_raw_weights(tmp_path / "old.npz", head, 4))
+    assert (loaded.radius, loaded.beta_near, loaded.beta) == (0, 0.0, head.beta)
+    assert loaded.session_lift(["b:s00003"], np.asarray([1.0]), lambda a, b: 1.0) == {"b:s00003": head.beta}
+
+
+def test_the_region_term_lifts_the_sessions_around_each_summary_that_continue_it() -> None:
+    head = dataclasses.replace(_random_head().numpy("x"), beta=2.0, beta_near=0.5, radius=1, continuity=0.3)
+    similar = {("b:s00000", "b:s00001"): 0.3, ("b:s00002", "b:s00001"): 0.5, ("b:s00002", "b:s00003"): 0.9,
+               ("c:s00007", "c:s00006"): 0.29, ("c:s00007", "c:s00008"): 0.8}  # c:s00006 does not continue c:s00007
+    lift = head.session_lift(["b:s00000", "b:s00002", "c:s00007"], np.asarray([0.5, 0.3, 0.2]),
+                             lambda a, b: similar.get((a, b)))
+    assert lift == pytest.approx({"b:s00000": 2.0 * 0.5 + 0.5 * 0.5, "b:s00001": 0.5 * (0.5 + 0.3),
+                                  "b:s00002": 2.0 * 0.3 + 0.5 * 0.3, "b:s00003": 0.5 * 0.3,
+                                  "c:s00007": 2.0 * 0.2 + 0.5 * 0.2, "c:s00008": 0.5 * 0.2})
+    unlimited = lambda a, b: 1.0  # noqa: E731
+    assert dataclasses.replace(head, radius=0).session_lift(["b:s00000"], np.asarray([1.0]), unlimited) == {"b:s00000": 2.0}
+    assert neighbour_sessions("a:b:s00010", 2) == [f"a:b:s{i:05d}" for i in range(8, 13)]  # a book id may hold ':'
+    assert neighbour_sessions("b:s00000", 1) == ["b:s00000", "b:s00001"] and neighbour_sessions("odd", 3) == ["odd"]
 
 
 def test_corrupt_weights_are_refused(tmp_path: Path) -> None:
@@ -114,6 +151,18 @@ def test_weights_a_version_cannot_use_are_refused(tmp_path: Path) -> None:
     SignatureHead(head.u, head.v, head.w, head.mean, head.std, head.p, head.q, 0.1, 20.0, 1.0, -0.5, "x").save(path, {})
     with pytest.raises(HeadError, match="negative"):
         load_head(path)
+    dataclasses.replace(head, beta_near=-0.1).save(path, {})
+    with pytest.raises(HeadError, match="negative"):
+        load_head(path)
+    bad_regions = [(4, {"radius": 1, "continuity": 0.3}),  # a region term without its weight β_near
+                   (5, {"radius": 1}), (5, {"continuity": 0.3}),  # half of the region's settings
+                   (5, {"radius": 1.5, "continuity": 0.3}), (5, {"radius": float("nan"), "continuity": 0.3}),
+                   (5, {"radius": -1, "continuity": 0.3}), (5, {"radius": 10**9, "continuity": 0.3}),
+                   (5, {"radius": 1, "continuity": float("nan")}), (5, {"radius": 1, "continuity": 2.0})]
+    for n, (scalars, region) in enumerate(bad_regions):
+        with pytest.raises(HeadError, match="out of range"):
+            load_head(_raw_weights(tmp_path / f"region{n}.npz", head, scalars, **region))
+    assert load_head(_raw_weights(tmp_path / "good.npz", head, 5, radius=2, continuity=-0.5)).radius == 2
     import zipfile
 
     with zipfile.ZipFile(path, "w") as z:
@@ -156,7 +205,7 @@ def _twins(seed: int = 0) -> tuple[Collection, Examples]:
     chunks /= np.linalg.norm(chunks, axis=1, keepdims=True)
     owner = np.repeat(np.arange(sessions), motifs)
     chunk_ids = [f"c{i}" for i in range(len(chunks))]
-    summary_ids = [f"s{s}" for s in range(sessions)]
+    summary_ids = [f"twins:s{s:05d}" for s in range(sessions)]
     session_of = {c: summary_ids[o] for c, o in zip(chunk_ids, owner)}
     queries, signatures, evidence, fused, gold = [], [], [], [], []
     for _ in range(4):
@@ -172,7 +221,7 @@ def _twins(seed: int = 0) -> tuple[Collection, Examples]:
                 members = {c: o for c, o in session_of.items() if o in sig}
                 queries.append(q)
                 signatures.append(sig)
-                evidence.append(signature_evidence(q, story[[int(x[1:]) for x in sig]], sig, ranking, members,
+                evidence.append(signature_evidence(q, story[[summary_ids.index(x) for x in sig]], sig, ranking, members,
                                                    dict(zip(chunk_ids, cosine))))
                 fused.append((order, np.asarray([f for _, f in ranking])))
                 gold.append(np.asarray([s * motifs + m]))
@@ -181,12 +230,13 @@ def _twins(seed: int = 0) -> tuple[Collection, Examples]:
 
 
 def _scores(head: SignatureHead, collection: Collection, ex: Examples, n: int) -> np.ndarray:
-    """E2's score κ·rrf + λ·e·e_c + β·a_{π(c)} of every chunk for question n, by the numpy head."""
+    """E2's score κ·rrf + λ·e·e_c + the membership terms of every chunk for question n, by the numpy head."""
     index = {s: i for i, s in enumerate(collection.summary_ids)}
     sig_rows = [index[s] for s in ex.signatures[n]]
     e, a = head.query(ex.queries[n], collection.summaries[sig_rows], ex.evidence[n], 0.5)
-    bonus = np.zeros(len(collection.summary_ids))
-    bonus[sig_rows] = head.beta * a
+    lift = head.session_lift(ex.signatures[n], a, lambda x, y: float(collection.summaries[index[x]] @ collection.summaries[index[y]])
+                             if x in index and y in index else None)
+    bonus = np.asarray([lift.get(s, 0.0) for s in collection.summary_ids])
     rrf = np.zeros(len(collection.chunk_ids))
     rows, fused = ex.fused[n]
     rrf[rows] = fused
@@ -204,17 +254,18 @@ def test_training_scores_are_the_numpy_heads() -> None:
 
     collection, ex = _twins()
     torch_head = _random_head(d=16)
-    score, gold = batch_scores(torch_head, collection, Tensors.of(collection), ex, [0, 5, 17], 0.5)
+    score, gold = batch_scores(torch_head, collection, Tensors.of(collection, 1, 0.0), ex, [0, 5, 17, 31], 0.5)
     head = torch_head.numpy("test")
-    for row, n in enumerate([0, 5, 17]):
+    assert head.radius == 1 and head.beta_near > 0  # the region term is exercised
+    for row, n in enumerate([0, 5, 17, 31]):
         np.testing.assert_allclose(score[row].detach().numpy(), _scores(head, collection, ex, n), atol=1e-9)
         assert np.flatnonzero(gold[row].numpy()).tolist() == ex.gold_rows[n].tolist()
 
 
 def test_training_lowers_the_loss_and_beats_the_untrained_head() -> None:
     collection, ex = _twins()
-    head, curve = train_head(collection, ex, epochs=30, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4,
-                             batch_size=32, delta=0.5, seed=0, embedder="test",
+    head, curve = train_head(collection, ex, epochs=30, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1,
+                             continuity=0.0, batch_size=32, delta=0.5, seed=0, embedder="test",
                              on_epoch=lambda h: {"score": _recall_at_1(h, collection, ex)}, progress=False)
     losses = [r["train_loss"] for r in curve[1:]]
     assert losses[-1] < 0.5 * losses[0]
@@ -249,7 +300,10 @@ def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, 
         sig = [p["id"] for p in select_signature(store, question, q, step0, ctx, "coverage")]
         fused, _, _, _, summary_vecs, evidence = head_inputs(store, q, sig, max(k, candidates), text=question, fusion=fusion)
         e, a = head.query(q, summary_vecs, evidence, 0.5)
-        weight, rrf = dict(zip(sig, head.beta * a)), dict(fused)
+        summary_rows, summary_matrix = store.vector_rows("summaries")
+        weight = head.session_lift(sig, a, lambda x, y: float(summary_matrix[summary_rows[x]] @ summary_matrix[summary_rows[y]])
+                                   if y in summary_rows else None)
+        rrf = dict(fused)
         score = (head.kappa * np.asarray([rrf.get(i, 0.0) for i in ids])
                  + head.lam * (matrix.astype(np.float64)[[rows[i] for i in ids]] @ e)
                  + np.asarray([weight.get(o, 0.0) for o in owners]))
@@ -258,6 +312,7 @@ def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, 
         got = trained_signature(store, head, q, sig, 0.5, k=k, candidates=candidates, text=question, fusion=fusion)
         assert [h.id for h in got] == expected
         assert any(h.s_sig != 0 for h in got)
+        assert set(weight) - set(sig)  # the region term lifted a neighbouring session: its chunks were candidates too
         if not hybrid:  # three dense candidates: the nearest chunks to e and the sessions' chunks had to add the rest
             assert not set(expected[1:]) <= {c for c, _ in fused}
 
@@ -308,6 +363,11 @@ def test_mia_rag_runs_with_the_trained_head_and_refuses_a_bad_one(tiny_collectio
 def test_cli_refuses_bad_training_settings(cli) -> None:
     result = cli("train", "retriever", "--epochs", "0")
     assert result.code == 2 and "--epochs must be at least 1" in result.err
+    for flag, value in (("--radius", "17"), ("--continuity", "1.5")):
+        result = cli("train", "retriever", flag, value)
+        assert result.code == 2 and "--radius must be in [0, 16] and --continuity in [-1, 1]" in result.err
+    result = cli("train", "retriever", "--window", "0")
+    assert result.code == 2 and "--window must be at least 1" in result.err
 
 
 # --------------------------------------------------------------------------- (e) the training data
@@ -360,7 +420,7 @@ def test_the_blind_ablation_cannot_tell_the_twins_apart() -> None:
     collection, ex = _twins()
     blind_ex = without_signatures(ex)
     assert all(s == [] for s in blind_ex.signatures) and blind_ex.gold_rows == ex.gold_rows
-    _, curve = train_head(collection, ex, epochs=10, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, batch_size=32,
+    _, curve = train_head(collection, ex, epochs=10, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1, continuity=0.0, batch_size=32,
                           delta=0.5, seed=0, embedder="test", blind=True,
                           on_epoch=lambda h: {"score": _recall_at_1(h, collection, blind_ex)}, progress=False)
     assert max(r["score"] for r in curve) < 0.5
