@@ -424,3 +424,18 @@ def test_the_blind_ablation_cannot_tell_the_twins_apart() -> None:
                           delta=0.5, seed=0, embedder="test", blind=True,
                           on_epoch=lambda h: {"score": _recall_at_1(h, collection, blind_ex)}, progress=False)
     assert max(r["score"] for r in curve) < 0.5
+
+
+@pytest.mark.slow
+@requires_data
+def test_situated_chunks_open_with_their_sessions_summary(tiny_collection) -> None:
+    """`python -m evals.situated` (issue 22's situated chunks): each chunk after its session summary's first sentence."""
+    from evals.situated import OPENING_CHARS, situated_texts
+    from stores.summaries import sentences
+
+    store = tiny_collection.store
+    got = store.chunks.get(include=["documents"])
+    ids, texts = got["ids"][:6], got["documents"][:6]
+    for chunk_id, text, situated in zip(ids, texts, situated_texts(store, ids, texts)):
+        summary = store.summaries.get(ids=store.summary_of([chunk_id]), include=["documents"])["documents"][0]
+        assert situated == sentences(summary)[0][:OPENING_CHARS] + "\n" + text
