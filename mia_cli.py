@@ -154,7 +154,8 @@ def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]]
     final = fused
     if state.get("signature") and sig_strategy == "trained":
         final = (" (score: the trained signature head, κ·first-stage score + λ·signature-aware cosine + β·session "
-                 "attention; s_sig: the score beyond the first stage's, i.e. the last two terms; the first stage's best hit leads)")
+                 "attention + β_near·attention on the neighbouring sessions that continue it; s_sig: the score beyond the "
+                 "first stage's, i.e. the last three terms; the first stage's best hit leads)")
     for label, key in ((f"Step-0 ranking (query only){fused}", "step0"), (f"Final ranking{final}", "retrieved")):
         rows = state.get(key) or []
         if rows:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,3 +95,9 @@ def recalls(order: np.ndarray, question: Question) -> dict[int, float]:
     rank = {int(c): r for r, c in enumerate(order[: max(RECALL_KS)])}
     first = [min((rank[int(c)] for c in hits if int(c) in rank), default=10**9) for hits in question.gold_hits]
     return {k: 100.0 * sum(f < k for f in first) / question.n_gold for k in RECALL_KS}
+
+
+def module_command(module: str, argv: Sequence[str] | None) -> str:
+    """The command line of ``python -m module`` with ``argv`` (the process's own when None): what a
+    replay report names as the command that made it."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])

@@ -12,8 +12,6 @@ both. Nothing is written to the collection. The plain row replays the graphs' ow
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +19,7 @@ from typing import Sequence
 import bm25s
 import numpy as np
 
-from evals.replay import load_corpus, prepare_questions, recalls, series_parts
+from evals.replay import load_corpus, module_command, prepare_questions, recalls, series_parts
 from evals.runner import RECALL_KS, _book_ids
 from evals.train_retriever import ensure_collection
 from evals.tune_lexical import fused_order, table
@@ -81,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    for q, item in zip(questions, pool)]
             rows.append((label, {k: [r[k] for r in per] for k in RECALL_KS}))
         sections += [f"## {split} ({len(questions)} questions; paired against plain)", "", *table(rows, rows[0][1]), ""]
-    command = "python -m evals.situated " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = module_command("evals.situated", argv)
     lines = [
         "# Situated chunks in rag's first stage (fairytale-series, train and val)",
         "",

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +30,7 @@ import numpy as np
 
 from evals import metrics
 from evals.runner import RECALL_KS, _book_ids, collection_name, run_eval
-from evals.replay import Corpus, Question, load_corpus, prepare_questions, recalls, series_parts
+from evals.replay import Corpus, Question, load_corpus, module_command, prepare_questions, recalls, series_parts
 from nodes.context import Context
 from stores.bm25 import tokenize
 from stores.ingest import IngestOptions
@@ -136,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = " / ".join(f"{harness.summary['systems']['rag'][f'recall@{k}']:.1f}" for k in RECALL_KS)
     replay = " / ".join(f"{np.mean(replayed[k]):.1f}" for k in RECALL_KS)
 
-    command = "python -m evals.tune_lexical " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = module_command("evals.tune_lexical", argv)
     lines = [
         "# BM25 tokenizer and fusion weight for rag's hybrid first stage (fairytale-series)",
         "",

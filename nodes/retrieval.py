@@ -256,16 +256,13 @@ def trained_signature(
     around = [s for s in lift if s not in own]
     if around:  # the region term's sessions: their chunks are candidates too
         session_of = {**session_of, **dict(store.session_members(around))}
-        present = set(ids)
-        more = [c for c in session_of if c not in present]
-        if more:
-            ids += more
-            vectors = np.vstack([vectors, store.vectors("chunks", more).astype(np.float64)])
     seen = set(ids)
-    nearer = [h.id for h in store.search_chunks(e, depth) if h.id not in seen]
-    if nearer:
-        ids += nearer
-        vectors = np.vstack([vectors, store.vectors("chunks", nearer).astype(np.float64)])
+    more = [c for c in session_of if c not in seen]
+    seen.update(more)
+    more += [h.id for h in store.search_chunks(e, depth) if h.id not in seen]
+    if more:  # the region's chunks, then the nearest to e: their vectors in one read
+        ids += more
+        vectors = np.vstack([vectors, store.vectors("chunks", more).astype(np.float64)])
     if not ids:
         return []
     rrf = dict(fused)

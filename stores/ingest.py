@@ -25,7 +25,7 @@ from stores import summaries as summ
 from stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
 from stores.embeddings import Embedder
 from stores.front_matter import find_body
-from stores.mindscape import PENDING, Mindscape, MindscapeError, chroma_client, list_mindscapes, validate_name
+from stores.mindscape import PENDING, Mindscape, MindscapeError, chroma_client, list_mindscapes, session_id, validate_name
 from stores.summaries import SummaryCache
 from stores.tokens import count_tokens
 from stores.writer_lock import store_path, writer_lock
@@ -349,7 +349,7 @@ def _write_book(
     """Replace the book's rows between marking it pending and committing it (its record goes last)."""
     clock = time.perf_counter()
     chunks, windows = prepared.chunks, prepared.windows
-    summary_ids = [f"{source.book}:s{j:05d}" for j in range(len(windows))]
+    summary_ids = [session_id(source.book, j) for j in range(len(windows))]
     owner = {c.index: summary_ids[j] for j, window in enumerate(windows) for c in window}
     # Instruction-like text is found once in the whole body, so a span that a chunk boundary cuts
     # in two is still known to both chunks (their metadata carries their share, chunk-relative).

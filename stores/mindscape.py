@@ -344,11 +344,11 @@ class Mindscape:
         committed = self.committed_books()
         out: list[tuple[str, str]] = []
         for summary_id in summary_ids:
-            book, _, window = summary_id.rpartition(":s")
+            book, j = _session_parts(summary_id)
             record = committed.get(book)
-            if record is None or not window.isdigit() or int(window) >= int(record.get("summaries", 0)):
+            if record is None or j is None or j >= int(record.get("summaries", 0)):
                 continue
-            j, chunks = int(window), int(record["chunks"])
+            chunks = int(record["chunks"])
             starts = _window_starts(record)
             if starts:
                 start, stop = starts[j], starts[j + 1] if j + 1 < len(starts) else chunks
@@ -412,7 +412,7 @@ class Mindscape:
                 continue
             starts = _window_starts(record)
             window = bisect.bisect_right(starts, int(index)) - 1 if starts else int(index) // int(record["window"])
-            out.append(f"{book}:s{window:05d}")
+            out.append(session_id(book, window))
         return out
 
     def stats(self) -> dict[str, Any]:
@@ -488,11 +488,21 @@ def neighbour_sessions(summary_id: str, radius: int) -> list[str]:
     included, in book order (``book:s00012`` → ``book:s00011 … book:s00013`` at radius 1). Ids past
     the book's last session name no chunk, so ``session_members`` skips them; an id not in the
     ``book:sNNNNN`` form has no neighbours but itself."""
-    book, sep, window = summary_id.rpartition(":s")
-    if not sep or not window.isdigit():
+    book, j = _session_parts(summary_id)
+    if j is None:
         return [summary_id]
-    j = int(window)
-    return [f"{book}:s{i:05d}" for i in range(max(0, j - radius), j + radius + 1)]  # as ingestion writes them
+    return [session_id(book, i) for i in range(max(0, j - radius), j + radius + 1)]
+
+
+def session_id(book: str, window: int) -> str:
+    """The id ingestion gives session ``window`` of ``book``."""
+    return f"{book}:s{window:05d}"
+
+
+def _session_parts(summary_id: str) -> tuple[str, int | None]:
+    """(book, window) of a session id; window None when the id is not in the ``book:sNNNNN`` form."""
+    book, sep, window = summary_id.rpartition(":s")
+    return (book, int(window)) if sep and window.isdigit() else (book, None)
 
 
 def _window_starts(record: dict[str, Any]) -> tuple[int, ...]:
