@@ -117,7 +117,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="sessions either side of a signature summary that its region term lifts too (0: none)")
     p.add_argument("--continuity", type=float, default=0.3,
                    help="summary cosine at which a neighbouring session continues a signature summary's region "
-                        "(0.3: about the 10th percentile of neighbouring fairy-tale train summaries)")
+                        "(0.3: about the 10th percentile of neighbouring fairy-tale train summaries, which the command prints)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--delta", type=float, default=0.5, help="δ used in training; set the same `delta` when asking")
     p.add_argument("--seed", type=int, default=0)

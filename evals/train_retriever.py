@@ -361,6 +361,15 @@ def attention_ceiling(collection: Collection, ex: Examples) -> dict[str, Any]:
             "r10_perfect_attention": {str(beta): float(np.mean(r)) for beta, r in recall.items()}}
 
 
+def continuity_quantiles(collection: Collection) -> dict[str, float]:
+    """The 10th, 50th and 90th percentile of the cosine between the summaries of neighbouring sessions
+    in a book: where ``--continuity`` sits among them says which neighbours the region term lifts."""
+    index = {s: n for n, s in enumerate(collection.summary_ids)}
+    cosines = [float(collection.summaries[n] @ collection.summaries[index[near]])
+               for s, n in index.items() for near in neighbour_sessions(s, 1) if near > s and near in index]
+    return {f"q{q}": float(np.percentile(cosines, q)) if cosines else float("nan") for q in (10, 50, 90)}
+
+
 def ensure_collection(dataset: str, split: str, options: IngestOptions, embedder: Embedder,
                       progress: bool) -> tuple[Any, str]:
     """The data set built (under MIA_HOME, as `mia eval` builds it) and its collection ingested,
@@ -422,6 +431,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; lifting "
           "exactly those would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
           + f" against rag's {rag['val_r10']:.1f}", flush=True)
+    continuity = {"train": continuity_quantiles(train_set), "val": continuity_quantiles(val_set)}
+    print("neighbouring session summaries' cosine (10th / 50th / 90th percentile): " + "; ".join(
+        f"{split} " + " / ".join(f"{v:.2f}" for v in q.values()) for split, q in continuity.items())
+        + f"; --continuity {args.continuity}", flush=True)
     hyper = {name: getattr(args, name) for name in HYPERPARAMETERS}
     head, curve = train_head(train_set, train_ex, embedder=embedder.name, progress=progress,
                              on_epoch=lambda h: ranking_recall(val_set, scored_ex, h, ctx), blind=args.without_signature,
@@ -444,6 +457,7 @@ def run(args: argparse.Namespace) -> int:
         "best_epoch": best["epoch"],
         "val_rag": rag,
         "val_ceiling": ceiling,
+        "neighbour_summary_cosine": continuity,
         "curve": curve,
         "seconds": round(time.time() - started, 1),
     }

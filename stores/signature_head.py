@@ -20,8 +20,8 @@ question with query vector e_q, signature summaries s_1..s_m and the first stage
   val split it added ~0.9 Recall@10 over three seeds; whole windows of 40–80 chunks did about as
   well for the head (88.8 and 89.0 against 89.5, seed 0) but would change every summary the other
   graphs read. Without the continuity gate it lifted unrelated neighbours in the multi-hop documents
-  (Recall@10 −4.2 at 128k): there neighbouring sessions' summaries have cosine ~0.1, against ~0.45
-  within the fairy tales (issue 22).
+  (Recall@10 −4.2 at 128k), whose summaries are far less alike than neighbouring fairy-tale
+  sessions' (median cosine 0.42 in the train collection; issue 22, evals/README).
 
 Inference is numpy (no torch on the question path); ``evals.train_retriever`` trains the same
 function in torch and writes the weights here with a JSON card (sha256, command, data recipe,

@@ -262,6 +262,16 @@ def test_training_scores_are_the_numpy_heads() -> None:
         assert np.flatnonzero(gold[row].numpy()).tolist() == ex.gold_rows[n].tolist()
 
 
+def test_continuity_quantiles_are_over_neighbouring_sessions_only() -> None:
+    from evals.train_retriever import continuity_quantiles
+
+    collection, _ = _twins()
+    s = collection.summaries
+    pairs = [float(s[j] @ s[j + 1]) for j in range(len(s) - 1)]  # one book: each session and the next
+    got = continuity_quantiles(collection)
+    assert got == pytest.approx({"q10": np.percentile(pairs, 10), "q50": np.median(pairs), "q90": np.percentile(pairs, 90)})
+
+
 def test_training_lowers_the_loss_and_beats_the_untrained_head() -> None:
     collection, ex = _twins()
     head, curve = train_head(collection, ex, epochs=30, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1,
