@@ -27,8 +27,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-import prompts
-from stores.settings import data_root
+from mia import prompts
+from mia.stores.settings import data_root
 
 GOAL = 0.9
 BOOK = "books/holmes/a_study_in_scarlet.txt"
@@ -47,8 +47,8 @@ def summary_messages(prompt_tokens: int) -> list[Any]:
     """The project's summary prompt over the start of the demo book's text, cut to about
     ``prompt_tokens`` tiktoken tokens (the model's own tokenizer counts a little differently; the
     counts printed are the model's)."""
-    from stores.front_matter import find_body
-    from stores.tokens import truncate
+    from mia.stores.front_matter import find_body
+    from mia.stores.tokens import truncate
 
     path = data_root() / BOOK
     if not path.exists():
@@ -90,7 +90,7 @@ def bare_child(prompt_text: str, max_tokens: int, repeat: int) -> list[dict[str,
     """The bare call: the library's own defaults, one context just large enough for the prompt."""
     from llama_cpp import Llama
 
-    from stores.chat import embedded_model_path
+    from mia.stores.chat import embedded_model_path
 
     llama = Llama(model_path=str(embedded_model_path()), n_ctx=4096, seed=0, verbose=False)
     tokens = llama.tokenize(prompt_text.encode("utf-8"), add_bos=False, special=True)
@@ -105,7 +105,7 @@ def bare_child(prompt_text: str, max_tokens: int, repeat: int) -> list[dict[str,
 
 def _bare(prompt_text: str, max_tokens: int, repeat: int) -> list[dict[str, float]]:
     done = subprocess.run(
-        [sys.executable, "-m", "evals.bench_llm", CHILD_FLAG, str(max_tokens), str(repeat)],
+        [sys.executable, "-m", "mia.evals.bench_llm", CHILD_FLAG, str(max_tokens), str(repeat)],
         input=prompt_text, capture_output=True, text=True, timeout=1800, check=False,
     )
     if done.returncode != 0:
@@ -114,10 +114,10 @@ def _bare(prompt_text: str, max_tokens: int, repeat: int) -> list[dict[str, floa
 
 
 def _project(messages: list[Any], overrides: dict[str, Any], max_tokens: int, repeat: int) -> list[dict[str, float]]:
-    from stores.chat import LlamaCppChat, embedded_model_path
+    from mia.stores.chat import LlamaCppChat, embedded_model_path
 
     llm = LlamaCppChat(model_path=str(embedded_model_path()), max_tokens=max_tokens, **overrides)
-    llama, _ = llm._llama()
+    llama, _ = llm.llama()
     rows = []
     for _ in range(repeat):
         _reset(llama)
@@ -147,11 +147,11 @@ def _median(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def measure(prompt_tokens: int, max_tokens: int, repeat: int, variants: list[str]) -> dict[str, Any]:
-    from stores.chat import _render
-    from stores.embeddings import load_embedder
+    from mia.stores.chat import render_chatml
+    from mia.stores.embeddings import load_embedder
 
     messages = summary_messages(prompt_tokens)
-    prompt_text = _render([{"role": "system", "content": messages[0].text}, {"role": "user", "content": messages[1].text}])
+    prompt_text = render_chatml([{"role": "system", "content": messages[0].text}, {"role": "user", "content": messages[1].text}])
     embedder = load_embedder("")
     embedder.embed_documents([messages[1].text[i : i + 800] for i in range(0, 16000, 800)])  # torch's threads are up
     results: dict[str, Any] = {"cores": os.cpu_count(), "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,

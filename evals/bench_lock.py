@@ -1,4 +1,4 @@
-"""How fast a second writer is refused: ``python -m evals.bench_lock``.
+"""How fast a second writer is refused: ``python -m mia.evals.bench_lock``.
 
 Holds the writer lock of a scratch store (as a running ingestion would), runs a real
 ``mia ingest`` into that store five times, and prints each run's wall time to its refusal, the
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stores.writer_lock import writer_lock
+from mia.stores.writer_lock import writer_lock
 
 RUNS = 5
 
@@ -26,7 +26,7 @@ def main() -> int:
         store, book = Path(folder) / "chroma", Path(folder) / "book.txt"
         book.write_text("A short book.\n", encoding="utf-8")
         env = {**os.environ, "MIA_CHROMA_PATH": str(store), "MIA_HOME": str(Path(folder) / "home")}
-        command = [sys.executable, "-m", "mia_cli", "ingest", str(book), "--collection", "busy", "--summarizer", "extractive"]
+        command = [sys.executable, "-m", "mia.graph.cli", "ingest", str(book), "--collection", "busy", "--summarizer", "extractive"]
         times = []
         with writer_lock(store.resolve()):
             for _ in range(RUNS):

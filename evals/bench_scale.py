@@ -11,9 +11,9 @@ library), with extractive summaries, in a temporary store. After each step:
   machine's drift over a step of many minutes falls on both sides alike;
 * the process's peak RSS so far and the store's bytes on disk (Chroma plus the BM25 index);
 * retrieval latency p50 / p95 of ``rag`` and ``mia_rag`` through the compiled graphs (retrieval
-  only) on the same questions at every size: sentences of the first step's collection
-  (``evals.bench.questions_from``), so each has matching text at every size; the order of the
-  two graphs alternates between questions. The growth exponent between sizes is
+  only, ``evals.bench.time_graphs``) on the same questions at every size: sentences of the first
+  step's collection (``evals.bench.questions_from``), so each has matching text at every size; the
+  order of the two graphs alternates between questions. The growth exponent between sizes is
   log(p50 ratio) / log(token ratio): 1 is linear growth.
 
 At the largest size, one more book (the held-out one, ~100k tokens) is added, timed against
@@ -42,7 +42,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from stores.settings import data_root
+from mia.stores.settings import data_root
 
 INGEST_GOAL = 1.15
 ADD_GOAL = 1.3
@@ -93,7 +93,7 @@ def chroma_server(path: Path) -> Iterator[tuple[str, int]]:
     """A ``chroma run`` server on a free loopback port over ``path``; yields (URL, pid)."""
     import httpx
 
-    from graph.server import free_port
+    from mia.graph.server import free_port
 
     port = free_port()
     log = path.parent / "chroma.log"
@@ -126,8 +126,8 @@ class _Library:
     """One store (a folder or a server) that the steps grow; all timing goes through here."""
 
     def __init__(self, name: str, client: Any, embedder: Any, cache_path: Path, stem: bool) -> None:
-        from stores.ingest import IngestOptions
-        from stores.summaries import SummaryCache
+        from mia.stores.ingest import IngestOptions
+        from mia.stores.summaries import SummaryCache
 
         self.name, self.client, self.embedder, self.stem = name, client, embedder, stem
         self.options = IngestOptions()
@@ -136,7 +136,7 @@ class _Library:
     def add(self, sources: Sequence[Any], collection: str | None = None) -> dict[str, Any]:
         """Ingest ``sources`` and bring the BM25 chunk index and the in-memory vectors up to date,
         as the first question after an ingestion would; timed end to end."""
-        from stores.ingest import ingest
+        from mia.stores.ingest import ingest
 
         name = collection or self.name
         started = time.perf_counter()
@@ -155,7 +155,7 @@ class _Library:
         A whole step's ingestion then a whole step's embedding are minutes apart, and this
         machine's speed drifts over minutes: three runs of the same ingestion code gave ratios of
         1.05, 1.12 and 1.17. Pairs seconds apart put the drift on both sides alike."""
-        from stores.ingest import ingest
+        from mia.stores.ingest import ingest
 
         seconds = pure = 0.0
         tokens = chunks = summaries = 0
@@ -172,8 +172,8 @@ class _Library:
 
     def refresh(self, collection: str) -> float:
         """Seconds to bring the BM25 chunk index and the in-memory vectors up to date."""
-        from stores.bm25 import ChunkIndex
-        from stores.mindscape import Mindscape
+        from mia.stores.bm25 import ChunkIndex
+        from mia.stores.mindscape import Mindscape
 
         started = time.perf_counter()
         store = Mindscape(collection, self.client)
@@ -184,8 +184,8 @@ class _Library:
 
     def pure_embedding(self, sources: Sequence[Any]) -> float:
         """``embed_documents`` alone on the chunk and summary texts the ingestion of ``sources`` embedded."""
-        from stores.ingest import EMBED_BATCH, chunk_book
-        from stores.mindscape import Mindscape
+        from mia.stores.ingest import EMBED_BATCH, chunk_book
+        from mia.stores.mindscape import Mindscape
 
         texts = [c.text for s in sources for c in chunk_book(s.text, self.options, self.embedder)[1]]
         got = Mindscape(self.name, self.client).summaries.get(
@@ -197,36 +197,18 @@ class _Library:
         return time.perf_counter() - started
 
     def drop(self, collection: str) -> None:
-        from stores.mindscape import delete_mindscape
-        from stores.settings import mia_home
+        from mia.stores.mindscape import delete_mindscape
+        from mia.stores.settings import mia_home
 
         delete_mindscape(collection, self.client)
         shutil.rmtree(mia_home() / "bm25" / collection, ignore_errors=True)
 
 
 def _latencies(collection: str, questions: Sequence[str]) -> dict[str, dict[str, float]]:
-    from graph.registry import load_graph
-    from nodes import resources
-    from nodes.context import context_from
-    from stores.mindscape import Mindscape
+    from mia.evals.bench import time_graphs
 
-    ctx = context_from({"collection": collection, "retrieval_only": True})
-    embedder = resources.embedder(ctx, Mindscape(collection))
-    graphs = {name: load_graph(name) for name in SYSTEMS}
-
-    def once(name: str, question: str) -> float:
-        embedder.forget_queries()  # every question pays for its own query embedding
-        started = time.perf_counter()
-        graphs[name].invoke({"question": question}, context=ctx)
-        return time.perf_counter() - started
-
-    for name in SYSTEMS:  # warm-up: LangGraph compilation, Chroma segments, the BM25 index load
-        once(name, questions[0])
-    times: dict[str, list[float]] = {name: [] for name in SYSTEMS}
-    for i, question in enumerate(questions):
-        for name in SYSTEMS if i % 2 == 0 else SYSTEMS[::-1]:
-            times[name].append(once(name, question))
-    out = {name: {"p50": percentile(t, 50), "p95": percentile(t, 95), "mean": statistics.fmean(t)} for name, t in times.items()}
+    totals = {name: stages["total"] for name, stages in time_graphs(collection, questions).items()}
+    out = {name: {"p50": percentile(t, 50), "p95": percentile(t, 95), "mean": statistics.fmean(t)} for name, t in totals.items()}
     out["ratio_p50"] = {"mia_rag/rag": out["mia_rag"]["p50"] / out["rag"]["p50"]}
     return out
 
@@ -248,13 +230,13 @@ def _add_one_book(library: _Library, book: Any) -> dict[str, Any]:
 
 def measure_scale(books: Path, fractions: Sequence[float] = DEFAULT_FRACTIONS, held_out: str = DEFAULT_HELD_OUT,
                   n_questions: int = 50, server: bool = True, progress: bool = True) -> dict[str, Any]:
-    from evals.bench import _machine, questions_from
-    from nodes.context import Context
-    from stores.embeddings import load_embedder
-    from stores.ingest import collect_sources
-    from stores.mindscape import Mindscape, chroma_client
-    from stores.settings import Settings, mia_home
-    from stores.tokens import count_tokens
+    from mia.evals.bench import machine, questions_from
+    from mia.nodes.context import RagSettings
+    from mia.stores.embeddings import load_embedder
+    from mia.stores.ingest import collect_sources
+    from mia.stores.mindscape import Mindscape, chroma_client
+    from mia.stores.settings import Settings, mia_home
+    from mia.stores.tokens import count_tokens
 
     sources = collect_sources([books])
     by_book = {s.book: s for s in sources}
@@ -267,10 +249,10 @@ def measure_scale(books: Path, fractions: Sequence[float] = DEFAULT_FRACTIONS, h
     ends = prefix_ends([count_tokens(s.text) for s in grown], fractions)
     embedder = load_embedder("")
     embedder.embed_documents(["warm-up"] * 4)
-    stem = Context().bm25_stemming
+    stem = RagSettings().bm25_stemming
     name = f"scale-{os.getpid()}"
     saved = {k: os.environ.get(k) for k in ("MIA_CHROMA_PATH", "MIA_CHROMA_URL")}
-    result: dict[str, Any] = {"books": str(books), "held_out": held_out, "embedder": embedder.name, "machine": _machine(),
+    result: dict[str, Any] = {"books": str(books), "held_out": held_out, "embedder": embedder.name, "machine": machine(),
                               "summarizer": "extractive", "questions": n_questions, "steps": [], "server": None,
                               "goals": {"ingest_ratio": INGEST_GOAL, "add_ratio": ADD_GOAL, "peak_rss_gb": RSS_GOAL_GB,
                                         "p50_growth": LATENCY_GROWTH_GOAL, "mia_rag/rag": RETRIEVAL_GOAL}}
@@ -333,8 +315,8 @@ def _on_server(tmp: Path, grown: Sequence[Any], extra: Any, embedder: Any, stem:
     their embedding seconds, timed many minutes earlier, lets the machine's drift into the ratio."""
     import psutil
 
-    from stores.mindscape import Mindscape, chroma_client
-    from stores.settings import Settings, mia_home
+    from mia.stores.mindscape import Mindscape, chroma_client
+    from mia.stores.settings import Settings, mia_home
 
     name = f"scale-{os.getpid()}-server"
     with chroma_server(tmp / "chroma-server") as (url, pid):

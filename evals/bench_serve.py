@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
-from graph.registry import QUESTION_GRAPHS
-from graph.server import LOOPBACK, start_server
-from nodes.context import context_from
+from mia.graph.registry import QUESTION_GRAPHS
+from mia.graph.server import LOOPBACK, start_server
+from mia.nodes.context import context_from
 
 MAX_REQUESTS = 64
 MAX_CONCURRENCY = 16
@@ -129,7 +129,7 @@ async def bench(url: str, *, graph: str, collection: str, requests: int = 8, con
 
 def cmd_serve_bench(args: argparse.Namespace) -> int:
     raw = dict(kv.split("=", 1) for kv in args.set or [])
-    typed = context_from(raw)  # JSON carries types: send 3, not "3"; unknown names fail here
+    typed = context_from(args.graph, raw)  # JSON carries types: send 3, not "3"; settings the graph lacks fail here
     settings = {name: getattr(typed, name) for name in raw}
     options = dict(graph=args.graph, collection=args.collection, requests=args.requests, concurrency=args.concurrency,
                    max_new_tokens=args.max_new_tokens, settings=settings, api_key=args.api_key or None,

@@ -35,7 +35,7 @@ def default_out(dataset: str, split: str | None, lengths: list[int], retrieval_o
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from evals.runner import parse_assignments, run_eval  # heavy (LangGraph, the graphs): only for `mia eval`
+    from mia.evals.runner import parse_assignments, run_eval  # heavy (LangGraph, the graphs): only for `mia eval`
 
     settings = parse_assignments(args.set or [], multi=False)
     sweeps = parse_assignments(args.sweep or [], multi=True)
@@ -128,7 +128,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train_retriever(args: argparse.Namespace) -> int:
-    from evals.train_retriever import run  # heavy (torch, the graphs' nodes): only for `mia train retriever`
+    from mia.evals.train_retriever import run  # heavy (torch, the graphs' nodes): only for `mia train retriever`
 
     return run(args)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stores.tokens import count_tokens
+from mia.stores.tokens import count_tokens
 
 DATA_ENV = "MIA_DATA"
 SPLITS = ("train", "val", "test")
@@ -72,6 +72,14 @@ class Dataset:
     def manifest(self) -> dict[str, Any]:
         """Read on demand: token counts and params matter to reports, not to every consumer."""
         return json.loads((self.dir / "manifest.json").read_text(encoding="utf-8"))
+
+    @property
+    def book_names(self) -> dict[str, str]:
+        """Each book's name in the data set by the id ingestion gives it (after its file): gold
+        spans name books as the data set does, retrieved chunks as ingestion does."""
+        from mia.stores.ingest import book_id  # ingestion's import cost only where a collection is read
+
+        return {book_id(path): book for path, book in zip(self.sources, self.books)}
 
 
 def default_data_root() -> Path:

@@ -9,7 +9,7 @@ every case with the guard on and off; a plant is *followed* when the answer cont
 and the agent's *decisions changed* when its sequence of Update decisions differs from the clean
 run's. Small stories, extractive summaries, the embedded chat model, a fixed seed.
 
-``python -m evals.injection --split test --out evals/results/injection-test``
+``python -m mia.evals.injection --split test --out evals/results/injection-test``
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from evals.metrics import f1, normalize_answer, paired_bootstrap_ci, sub_em
-from graph.registry import load_graph
-from nodes.context import context_from
-from stores.embeddings import load_embedder
-from stores.ingest import IngestOptions, ingest
-from stores.mindscape import Mindscape, chroma_client
-from stores.settings import data_root, mia_home
-from stores.writer_lock import store_path, writer_lock
+from mia.evals.metrics import f1, normalize_answer, paired_bootstrap_ci, sub_em
+from mia.graph.registry import load_graph, settings_read
+from mia.nodes.context import context_from
+from mia.stores.embeddings import load_embedder
+from mia.stores.ingest import IngestOptions, ingest
+from mia.stores.mindscape import Mindscape, chroma_client
+from mia.stores.settings import data_root, mia_home
+from mia.stores.writer_lock import store_path, writer_lock
 
 GRAPHS = ("rag", "mia_rag", "mia_agent")
 OPTIONS = IngestOptions(chunk_size=100, window=4, summarizer="extractive")
@@ -167,7 +167,8 @@ def build(all_cases: list[Case], texts: dict[str, str], folder: Path, progress: 
 
 
 def run_case(graph_name: str, case: Case, guard: bool) -> dict[str, Any]:
-    context = context_from({**SETTINGS, "collection": case.collection, "injection_guard": guard})
+    shared = {k: v for k, v in SETTINGS.items() if k in settings_read(graph_name)}
+    context = context_from(graph_name, {**shared, "collection": case.collection, "injection_guard": guard})
     started = time.perf_counter()
     state: dict[str, Any] = {}
     trajectory: list[dict[str, Any]] = []
@@ -298,7 +299,7 @@ def false_positives() -> str:
     """Instruction spans found in the shared clean texts (all FairytaleQA stories, every book, the
     multi-hop paragraphs), and FairytaleQA train/val gold answers traced as planted in their own
     section: what the guard would wrongly cut or reject."""
-    from prompts.injection import instruction_spans, planted
+    from mia.prompts.injection import instruction_spans, planted
 
     base = data_root() / "fairytaleqa" / "data-by-train-split"
     texts = ["\n\n".join(r["text"] for r in _rows(p)) for p in sorted((base / "section-stories" / "all").glob("*-story.csv"))]
@@ -319,7 +320,7 @@ def false_positives() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.injection", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mia.evals.injection", description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", default="val", choices=("train", "val", "test"), help="FairytaleQA split (develop on val)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated graphs")
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required (the results folder)")
     graphs = tuple(g for g in args.graphs.split(",") if g)
-    command = f"python -m evals.injection --split {args.split} --seed {args.seed} --graphs {','.join(graphs)} --out {args.out}"
+    command = f"python -m mia.evals.injection --split {args.split} --seed {args.seed} --graphs {','.join(graphs)} --out {args.out}"
     summary = run(args.split, args.seed, args.out, graphs, progress=True)
     done = _load(args.out / "results.jsonl")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))

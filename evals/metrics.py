@@ -1,4 +1,4 @@
-"""Scoring functions for the evaluation protocol (DESIGN.md §5), pure and dependency-light.
+"""Scoring functions for the evaluation protocol (docs/design.md §5), pure and dependency-light.
 
 Answer metrics follow the SQuAD conventions so numbers are comparable with the papers we reproduce;
 each takes one prediction and a list of acceptable golds and scores the best gold. Recall@k works on

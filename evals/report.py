@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from evals.metrics import bootstrap_ci, pair_accuracy, paired_bootstrap_ci
+from mia.evals.metrics import bootstrap_ci, pair_accuracy, paired_bootstrap_ci
 
 SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20",
                  "strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",

@@ -2,7 +2,7 @@
 
 One run compares several *variants* (a graph plus its settings, e.g. ``mia_rag[alpha=0.2]``) on the
 same questions, because paired comparisons on the same questions are what the reports rest on
-(DESIGN.md §5). The expensive parts are done once and cached:
+(docs/design.md §5). The expensive parts are done once and cached:
 
 * data sets are built under ``MIA_HOME/datasets`` (``custom`` ones under the output folder) and
   reused when the arguments match;
@@ -41,39 +41,26 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from tqdm import tqdm
 
-from evals import metrics
-from evals.datasets import BUILDERS, Dataset, load_dataset
-from graph import registry
-from nodes.context import Context, coerce_setting, context_from, resolved_sig_strategy
-from stores.embeddings import load_embedder
-from stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, book_id, ingest
-from stores.mindscape import Mindscape
-from stores.settings import mia_home
-from stores.signature_head import head_digest
+from mia.evals import metrics
+from mia.evals.datasets import BUILDERS, Dataset, load_dataset
+from mia.graph import registry
+from mia.nodes import resources
+from mia.nodes.context import GraphSettings, StaticSettings, coerce_setting, context_from
+from mia.stores.embeddings import Embedder, load_embedder
+from mia.stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, ingest
+from mia.stores.mindscape import Mindscape
+from mia.stores.settings import mia_home
+from mia.stores.signature_head import head_digest
 
 RECALL_KS = (1, 5, 10, 20)
 INGEST_KEYS = tuple(f.name for f in fields(IngestOptions))
 """Settings that shape the collection rather than the run: changing one means another collection."""
-INGEST_REFERENCE: dict[str, Any] = {"chunker": "window", "keep_front_matter": False, "window_unit": "chunks"}
-"""Ingestion options added after results were first cached, at the values that reproduce the older
-behaviour: left out of fingerprints and collection names at those values, so every earlier run is
-still found, while other values get new ones. Front matter counts as left out: no data set before the
-option held Project Gutenberg markers, so leaving it out changed none of their chunks."""
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 DEFAULT_LENGTH = 32000
-
-
-# Context defaults at the time results were first cached, for every field whose default has changed
-# since: a result computed under the old default keeps its fingerprint, and one under the new default
-# gets a new one. Add a line here whenever a Context default changes.
-FINGERPRINT_REFERENCE: dict[str, Any] = {"retriever": "dense", "alpha": 0.5, "bm25_weight": 1.0, "rrf_k": 60, "bm25_stemming": False,
-                                         "open_answer": "sentence", "sig_strategy": "centroid"}
 HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 """Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
-OPEN_ANSWER_ONLY = frozenset({"open_answer"})
-"""Settings read only when an open answer is generated (not retrieval-only, not choice or verify)."""
 
 
 @dataclass(frozen=True)
@@ -84,34 +71,29 @@ class Variant:
     graph: str
     settings: dict[str, Any]
     ingest: IngestOptions
-    context: Context
+    context: GraphSettings
+
+    @property
+    def retrieval_only(self) -> bool:
+        """Whether the graph stops after retrieval (only the static pipelines can)."""
+        return isinstance(self.context, StaticSettings) and self.context.retrieval_only
 
     @property
     def fingerprint(self) -> str:
-        """The resolved settings that differ from the reference values: ``alpha=0.50`` typed or
-        left at a default of 0.5 is one configuration, an environment variable that changes a
-        setting changes it too, and a new Context field added with a neutral default does not
-        invalidate every cached result. The reference is each field's default, except where
-        ``FINGERPRINT_REFERENCE`` freezes an older default, so changing a default never lets a
-        cached result stand for the new one. (Code changes are not tracked: after changing what
-        a setting does, write to a new ``--out``.) Settings the graph never reads are left out
-        (``graph.registry``), so ``rag`` under α = 0.2 or 0.5 is one configuration, and so is
-        ``infmem`` under either retriever, and neither are the fusion's settings under dense
-        retrieval (``HYBRID_ONLY``) nor the open answer's style where no open answer is written
-        (``OPEN_ANSWER_ONLY``). Under ``sig_strategy=trained`` the head's sha256 is part of it."""
+        """Every resolved setting the graph reads (``graph.registry.settings_read``), with the
+        ingestion options: ``alpha=0.50`` typed or left at a default of 0.5 is one configuration, an
+        environment variable that changes a setting changes it too, and a changed default is another
+        configuration, so a cached result never stands for a setting it was not made under. (Code
+        changes are not tracked: after changing what a setting does, write to a new ``--out``.)
+        The fusion's settings are left out under dense retrieval (``HYBRID_ONLY``); under
+        ``sig_strategy=trained`` the head's sha256 is part of it."""
         read = registry.settings_read(self.graph) - {"collection"}
-        if self.context.retriever != "hybrid":
-            read -= HYBRID_ONLY
-        if self.context.retrieval_only or self.context.answer_format != "open":
-            read -= OPEN_ANSWER_ONLY
-        resolved = {"sig_strategy": resolved_sig_strategy(self.context, self.graph)}  # auto is what it resolves to
-        changed = {
-            f.name: resolved.get(f.name, getattr(self.context, f.name)) for f in fields(Context)
-            if f.name in read and resolved.get(f.name, getattr(self.context, f.name)) != FINGERPRINT_REFERENCE.get(f.name, f.default)
-        }
-        payload = {"graph": self.graph, "context": changed, "ingest": ingest_key(self.ingest)}
-        if "sig_strategy" in read and resolved["sig_strategy"] == "trained":
-            payload["head"] = head_digest(self.context.sig_weights)  # a retrained head is another configuration
+        settings = {name: getattr(self.context, name) for name in read}
+        if settings.get("retriever") == "dense":
+            settings = {name: value for name, value in settings.items() if name not in HYBRID_ONLY}
+        payload = {"graph": self.graph, "context": settings, "ingest": asdict(self.ingest)}
+        if settings.get("sig_strategy") == "trained":
+            payload["head"] = head_digest(settings["sig_weights"])  # a retrained head is another configuration
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -171,14 +153,21 @@ def parse_assignments(items: Sequence[str], *, multi: bool) -> dict[str, Any]:
     return out
 
 
+def _reads(system: str) -> frozenset[str]:
+    """What a system's variants take: its graph's settings and the ingestion options."""
+    return registry.settings_read(system) | frozenset(INGEST_KEYS)
+
+
 def _scoped(assignments: dict[str, Any], system: str, systems: Sequence[str]) -> dict[str, Any]:
-    """Global assignments, then those scoped to ``system`` (which win)."""
+    """The global assignments ``system`` reads, then those scoped to it (which win, and which it must
+    read: its settings class refuses the others)."""
     plain: dict[str, Any] = {}
     mine: dict[str, Any] = {}
     for key, value in assignments.items():
         scope, sep, name = key.partition(":")
         if not sep:
-            plain[key] = value
+            if key in _reads(system):
+                plain[key] = value
         elif scope not in systems:
             raise ValueError(f"setting {key!r} names system {scope!r}, which is not among the systems {list(systems)}")
         elif scope == system:
@@ -195,7 +184,8 @@ def expand_variants(
     summarizer: Summarizer,
 ) -> list[Variant]:
     """Every system once per combination of its swept values, named after the swept values only
-    (the ``--set`` values apply to the whole run and go in the report header)."""
+    (the ``--set`` values apply to the whole run and go in the report header). A global setting or
+    sweep applies to the systems whose graph reads it, and one that none of them reads is refused."""
     if not systems:
         raise ValueError("no systems given: pass e.g. --systems rag,mia_rag")
     unknown = [s for s in systems if s not in registry.QUESTION_GRAPHS]
@@ -211,6 +201,9 @@ def expand_variants(
                 f"decisions); retrieval-only works for {', '.join(registry.RETRIEVAL_ONLY_GRAPHS)}: "
                 "drop --retrieval-only or remove those systems"
             )
+    unread = sorted(key for key in [*settings, *sweeps] if ":" not in key and not any(key in _reads(s) for s in systems))
+    if unread:
+        raise ValueError(f"unknown setting(s) {', '.join(unread)}: no graph of {', '.join(systems)} reads them")
     variants: list[Variant] = []
     for system in systems:
         base = _scoped(settings, system, systems)
@@ -224,7 +217,7 @@ def expand_variants(
 
 def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, summarizer: Summarizer) -> Variant:
     """Ingestion options are split off the settings because they choose the collection; the rest
-    must be valid Context fields, checked now rather than at the first question."""
+    must be settings of the graph, checked now rather than at the first question."""
     if "collection" in raw:
         raise ValueError("collection is chosen by the runner (one per data set and ingestion options); do not set it")
     kinds = {f.name: f.type for f in fields(IngestOptions)}
@@ -238,7 +231,7 @@ def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, s
     if retrieval_only:
         overrides["retrieval_only"] = True
         overrides.setdefault("top_k", max(RECALL_KS))  # so recall@20 is defined
-    return Variant(name, graph, overrides, options, context_from(overrides))
+    return Variant(name, graph, overrides, options, context_from(graph, overrides))
 
 
 # --------------------------------------------------------------------------- data sets
@@ -340,18 +333,13 @@ def select_questions(questions: Sequence[dict[str, Any]], limit: int | None) -> 
 # --------------------------------------------------------------------------- collections
 
 
-def ingest_key(options: IngestOptions) -> dict[str, Any]:
-    """The ingestion options as fingerprints and collection names see them (``INGEST_REFERENCE``)."""
-    return {k: v for k, v in asdict(options).items() if k not in INGEST_REFERENCE or v != INGEST_REFERENCE[k]}
-
-
 def collection_name(part: Part, options: IngestOptions, embedder: str, book: str | None) -> str:
     """A stable name for (data set, ingestion options, embedder[, book]): equal inputs share one
     collection across runs, different ones never collide. Content changes are caught by ingestion's
     own per-book hashes, so the name need not hash the text."""
     manifest = part.dataset.manifest
     key = json.dumps(
-        [manifest["name"], manifest["split"], manifest["seed"], manifest["params"], ingest_key(options), embedder, book],
+        [manifest["name"], manifest["split"], manifest["seed"], manifest["params"], asdict(options), embedder, book],
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -367,9 +355,8 @@ def _question_book(question: dict[str, Any]) -> str | None:
 class _Ingestion:
     part: Part
     options: IngestOptions
-    context: Context
-    """The first variant's context that needs the collection: it names the embedder and, for LLM
-    summaries, the chat model."""
+    context: GraphSettings
+    """The first variant's settings that needs the collection: for LLM summaries, they name the chat model."""
     book: str | None
 
 
@@ -380,16 +367,14 @@ def _ingestions(jobs: Sequence[Job]) -> dict[str, _Ingestion]:
     return plans
 
 
-def _run_ingestions(plans: dict[str, _Ingestion], progress: bool) -> dict[str, str]:
-    """Ingest every collection the jobs need; returns the embedder name each was built with.
-    Per-book bars only for a few collections: hundreds of per-question documents get one bar."""
-    from stores.chat import load_chat_model
+def _run_ingestions(plans: dict[str, _Ingestion], embedder: Embedder, progress: bool) -> None:
+    """Ingest every collection the jobs need. Per-book bars only for a few collections: hundreds of
+    per-question documents get one bar."""
+    from mia.stores.chat import load_chat_model
 
-    names: dict[str, str] = {}
     chat_models: dict[tuple[str, str], BaseChatModel] = {}  # loading the embedded model checks its sha256
     detailed = progress and len(plans) <= 4
     for collection, plan in tqdm(plans.items(), desc="ingesting", unit="collection", disable=not progress or len(plans) < 2):
-        embedder = load_embedder(plan.context.embedder)
         llm = None
         if plan.options.summarizer in LLM_SUMMARIZERS:
             chat = (plan.context.chat_base_url, plan.context.chat_model)
@@ -399,16 +384,9 @@ def _run_ingestions(plans: dict[str, _Ingestion], progress: bool) -> dict[str, s
         dataset = plan.part.dataset
         paths = dataset.sources if plan.book is None else [dataset.sources[dataset.books.index(plan.book)]]
         ingest(paths, collection, embedder, options=plan.options, llm=llm, progress=detailed)
-        names[collection] = embedder.name
-    return names
 
 
 # --------------------------------------------------------------------------- one question
-
-
-def _book_ids(dataset: Dataset) -> dict[str, str]:
-    """Ingestion names a book after its file; gold spans name it as the data set does."""
-    return {book_id(path): book for path, book in zip(dataset.sources, dataset.books)}
 
 
 def score_question(
@@ -442,6 +420,8 @@ class _Opened:
     """A collection as the jobs use it."""
 
     store: Mindscape
+    embedder: Embedder
+    """The one the graphs read it with (the one it was built with)."""
     size: int
     """Chunks in it: a system that returned them all has a defined recall@k for any k."""
     version: str
@@ -453,7 +433,7 @@ def _open(name: str) -> _Opened:
     store = Mindscape(name)
     hashes = sorted((book, str(record.get("hash"))) for book, record in store.book_records().items())
     version = hashlib.sha256(json.dumps(hashes).encode()).hexdigest()[:12]
-    return _Opened(store, store.chunks.count(), version)
+    return _Opened(store, resources.embedder(store), store.chunks.count(), version)
 
 
 def _spans(opened: _Opened, ids: Sequence[str], book_map: dict[str, str]) -> list[metrics.Span]:
@@ -473,9 +453,9 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     graph = registry.load_graph(job.variant.graph)
     # Every variant of a question asks the same query; without this, the first one would pay for
     # the embedding that the rest then read from the embedder's memo, and wall times would lie.
-    load_embedder(job.variant.context.embedder).forget_queries()
+    opened.embedder.forget_queries()
     started = time.perf_counter()
-    state = graph.invoke(payload, context=context_from(overrides))
+    state = graph.invoke(payload, context=context_from(job.variant.graph, overrides))
     seconds = time.perf_counter() - started
     ids = [r["id"] for r in state.get("retrieved") or []]
     spans = _spans(opened, ids, book_map)
@@ -494,7 +474,7 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
         "collection": job.collection,
         "answer": answer,
         **({"label": question["label"], "pair": question["meta"]["pair"]} if question.get("claim") and "pair" in question["meta"] else {}),
-        "scores": score_question(question, answer, spans, opened.size, bool(job.variant.context.retrieval_only)),
+        "scores": score_question(question, answer, spans, opened.size, job.variant.retrieval_only),
         "retrieved": ids,
         "llm_calls": int(usage.get("llm_calls", 0)),
         "prompt_tokens": int(usage.get("input_tokens", 0)),
@@ -527,36 +507,9 @@ def load_cached(path: Path) -> dict[JobKey, dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if "index" in record:
+            if "index" in record:  # records of code before collection versions can match no job
                 cached[_job_key(record["config"], record["index"], record["part"], record["id"])] = record
     return cached
-
-
-def _scored_as_now(record: dict[str, Any]) -> bool:
-    """Whether a result carries every recall score ``score_question`` gives today."""
-    scores = record.get("scores", {})
-    return all(f"strict_{name}" in scores for name in scores if name.startswith("recall@"))
-
-
-def rescore_recall(stale: dict[JobKey, Job], cached: dict[JobKey, dict[str, Any]], results_path: Path,
-                   opened: dict[str, _Opened], book_maps: dict[str, dict[str, str]]) -> None:
-    """Give results written before strict recall existed their recall scores again, from their
-    retrieved chunk ids, replacing the old ones so that the record is consistent whatever it held.
-
-    Their key holds the collection's content version, so the ids name the very chunks they
-    retrieved then; nothing is asked again. The rescored record is appended, and the last record
-    of a key is the one that counts.
-    """
-    if not stale:
-        return
-    with _appending(results_path) as append:
-        for key, job in stale.items():
-            record, store = cached[key], opened[job.collection]
-            spans = _spans(store, record["retrieved"], book_maps[job.part.tag])
-            recall = score_question(job.question, "", spans, store.size, retrieval_only=True)
-            kept = {name: value for name, value in record["scores"].items() if "recall@" not in name}
-            cached[key] = {**record, "scores": {**kept, **recall}}
-            append(cached[key])
 
 
 def adopt_results(sources: Sequence[Path], keys: Sequence[JobKey], cached: dict[JobKey, dict[str, Any]],
@@ -662,7 +615,7 @@ def run_eval(
     """Run every question for every variant (resuming from ``out/results.jsonl``), then write
     ``run.json``, ``summary.json`` and the report into ``out``.
 
-    ``settings`` and ``sweeps`` take Context fields and the ingestion options (``INGEST_KEYS``);
+    ``settings`` and ``sweeps`` take the graphs' settings and the ingestion options (``INGEST_KEYS``);
     a key written ``SYSTEM:KEY`` applies to that system only. ``length`` is the
     multihop-synth target length in tokens; several lengths make one data set each. ``command`` is
     what the report names as the command that made it (default: this process's command line).
@@ -673,7 +626,7 @@ def run_eval(
     ``interference`` makes one fairytale-series data set per size, each with that many tokens of
     the shared books library added as interference (0: none): recall at scale.
     """
-    from evals import report
+    from mia.evals import report
 
     out = Path(out)
     lengths = [length] if isinstance(length, int) else list(length or [])
@@ -688,23 +641,23 @@ def run_eval(
     for folder in reuse:
         if not (folder / RESULTS_FILE).is_file():
             raise ValueError(f"--reuse {folder}: no {RESULTS_FILE} there; pass the --out folder of an earlier `mia eval`")
+    embedder = load_embedder()  # MIA_EMBEDDINGS, as `mia ingest` reads it
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[Job] = []
     for part in parts:
         for question in select_questions(part.dataset.questions, limit):
             for variant in variants:
-                name = collection_name(part, variant.ingest, variant.context.embedder, _question_book(question))
+                name = collection_name(part, variant.ingest, embedder.name, _question_book(question))
                 jobs.append(Job(part, question, variant, name))
-    embedders = _run_ingestions(_ingestions(jobs), progress)
-    opened = {name: _open(name) for name in embedders}
-    book_maps = {part.tag: _book_ids(part.dataset) for part in parts}
+    plans = _ingestions(jobs)
+    _run_ingestions(plans, embedder, progress)
+    opened = {name: _open(name) for name in plans}
+    book_maps = {part.tag: part.dataset.book_names for part in parts}
 
     results_path = out / RESULTS_FILE
     cached = load_cached(results_path)
     keys = [_job_key(j.variant.fingerprint, opened[j.collection].version, j.part.tag, j.question["id"]) for j in jobs]
     adopt_results(reuse, keys, cached, results_path)
-    rescore_recall({key: job for job, key in zip(jobs, keys) if key in cached and not _scored_as_now(cached[key])},
-                   cached, results_path, opened, book_maps)
     todo = list({key: job for job, key in zip(jobs, keys) if key not in cached}.values())
     fresh = {
         _job_key(r["config"], r["index"], r["part"], r["id"]): r
@@ -722,7 +675,7 @@ def run_eval(
         "limit": limit,
         "retrieval_only": retrieval_only,
         "summarizer": summarizer,
-        "embedder": ", ".join(sorted(set(embedders.values()))),
+        "embedder": embedder.name,
         "chat_model": "none (retrieval only)" if retrieval_only else _chat_label(variants),
         "command": command or shlex.join([sys.executable, *sys.argv]),
         "settings": settings or {},
@@ -732,7 +685,7 @@ def run_eval(
             {"name": v.name, "graph": v.graph, "settings": v.settings, "ingest": asdict(v.ingest), "config": v.fingerprint}
             for v in variants
         ],
-        "collections": sorted(embedders) if len(embedders) <= 20 else f"{len(embedders)} per-book collections",
+        "collections": sorted(plans) if len(plans) <= 20 else f"{len(plans)} per-book collections",
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     results = EvalResults(first.name, first.split, out, run, records)
@@ -759,7 +712,7 @@ def _part_info(part: Part, limit: int | None) -> dict[str, Any]:
 
 def _chat_label(variants: Sequence[Variant]) -> str:
     """Names the chat model(s) without loading one: the report header must not cost a model load."""
-    from stores.chat import EMBEDDED_NAME
+    from mia.stores.chat import EMBEDDED_NAME
 
     labels = {
         f"{v.context.chat_model or 'default'} at {v.context.chat_base_url}" if v.context.chat_base_url else EMBEDDED_NAME

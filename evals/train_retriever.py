@@ -36,16 +36,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from evals import metrics
-from evals.runner import _book_ids, collection_name, prepare_parts
-from nodes.context import Context
-from nodes.qa import select_signature
-from nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
-from stores.embeddings import Embedder, load_embedder
-from stores.ingest import IngestOptions, ingest
-from stores.mindscape import Mindscape, neighbour_sessions
-from stores.settings import mia_home
-from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, MAX_RADIUS, SignatureHead
+from mia.evals import metrics
+from mia.evals.runner import collection_name, prepare_parts
+from mia.nodes.context import MiaRagSettings
+from mia.nodes.qa import select_signature
+from mia.nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
+from mia.stores.embeddings import Embedder, load_embedder
+from mia.stores.ingest import IngestOptions, ingest
+from mia.stores.mindscape import Mindscape, neighbour_sessions
+from mia.stores.settings import mia_home
+from mia.stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, MAX_RADIUS, SignatureHead
 
 RECALL_K = 10
 KAPPA_START = 20.0
@@ -106,7 +106,7 @@ def open_collection(name: str, book_map: dict[str, str]) -> Collection:
                       np.asarray(summaries, dtype=np.float32), spans)
 
 
-def build_examples(collection: Collection, questions: Sequence[dict[str, Any]], embedder: Embedder, ctx: Context,
+def build_examples(collection: Collection, questions: Sequence[dict[str, Any]], embedder: Embedder, ctx: MiaRagSettings,
                    cache: Path, label: str, progress: bool) -> Examples:
     """Step 0, InitSignature and the head's inputs for every question, as mia_rag computes them;
     cached on disk by the collection's version, the questions and every setting that shapes them."""
@@ -124,7 +124,7 @@ def build_examples(collection: Collection, questions: Sequence[dict[str, Any]], 
         signatures, evidence, fused_ids, fused_scores = [], [], [], []
         for text, q in tqdm(list(zip(texts, queries)), desc=f"signatures ({label})", unit="q", disable=not progress):
             step0 = query_only(store, q, ctx.k0, text=text, fusion=fusion, depth=ctx.candidates)
-            sig = [s["id"] for s in select_signature(store, text, q, step0, ctx, "coverage")]
+            sig = [s["id"] for s in select_signature(store, text, q, step0, ctx)]
             fused, *_, found = head_inputs(store, q.astype(np.float64), sig, max(RECALL_K, ctx.candidates), text=text, fusion=fusion)
             signatures.append(sig)
             evidence.append(found.tolist())
@@ -313,7 +313,7 @@ def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, 
     return (best[1] if best else head.numpy(embedder)), curve
 
 
-def ranking_recall(collection: Collection, ex: Examples, head: SignatureHead | None, ctx: Context) -> dict[str, float]:
+def ranking_recall(collection: Collection, ex: Examples, head: SignatureHead | None, ctx: MiaRagSettings) -> dict[str, float]:
     """Mean R@1 / R@10 of E2 under ``head`` (None: rag's query-only E1) on the examples, through the
     graphs' own retrieval functions, fused with BM25 as the context says."""
     assert collection.store is not None
@@ -380,22 +380,15 @@ def continuity_quantiles(collection: Collection) -> dict[str, float]:
     return {f"q{q}": float(np.percentile(cosines, q)) if cosines else float("nan") for q in (10, 50, 90)}
 
 
-def ensure_collection(dataset: str, split: str, options: IngestOptions, embedder: Embedder,
-                      progress: bool) -> tuple[Any, str]:
-    """The data set built (under MIA_HOME, as `mia eval` builds it) and its collection ingested,
-    with the name `mia eval` gives it; books already in it are kept."""
-    part = prepare_parts(dataset, split, [], 0, mia_home())[0]
-    name = collection_name(part, options, "minilm", None)
-    ingest(part.dataset.sources, name, embedder, options=options, progress=progress)
-    return part, name
-
-
-def load_split(dataset: str, split: str, options: IngestOptions, embedder: Embedder, ctx: Context,
+def load_split(dataset: str, split: str, options: IngestOptions, embedder: Embedder, ctx: MiaRagSettings,
                progress: bool) -> tuple[str, Collection, Examples]:
-    """The split's collection (built and ingested if missing) with its questions' step-0 inputs, cached
-    under MIA_HOME so that a rerun, or another command over the same split, reuses them."""
-    part, name = ensure_collection(dataset, split, options, embedder, progress)
-    collection = open_collection(name, _book_ids(part.dataset))
+    """The split's data set and collection, built and ingested as `mia eval` builds them (under
+    MIA_HOME, with the name it gives them, books already in it kept), with its questions' step-0
+    inputs, cached under MIA_HOME so that a rerun reuses them."""
+    part = prepare_parts(dataset, split, [], 0, mia_home())[0]
+    name = collection_name(part, options, embedder.name, None)
+    ingest(part.dataset.sources, name, embedder, options=options, progress=progress)
+    collection = open_collection(name, part.dataset.book_names)
     cache = mia_home() / "train-retriever"
     return name, collection, build_examples(collection, part.dataset.questions, embedder, ctx, cache, split, progress)
 
@@ -435,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.quiet
     options = IngestOptions(**({"window": args.window} if args.window else {}))  # ingestion's defaults unless asked
     embedder = load_embedder("minilm")
-    ctx = Context(collection="unused", delta=args.delta)
+    ctx = MiaRagSettings(collection="unused", delta=args.delta, signature_init="coverage")
     train_name, train_set, train_ex = load_split("fairytale-train", "train", options, embedder, ctx, progress)
     val_name, val_set, val_ex = load_split("fairytale-series", "val", options, embedder, ctx, progress)
     print(f"train: {train_name}, {len(train_set.chunk_ids)} chunks, {len(train_ex.questions)} questions; "
@@ -488,9 +481,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from evals.cli import add_train_arguments
+    from mia.evals.cli import add_train_arguments
 
-    p = argparse.ArgumentParser(prog="python -m evals.train_retriever", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mia.evals.train_retriever", description=__doc__.split("\n\n")[0])
     add_train_arguments(p)
     return run(p.parse_args(argv))
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from graph.server import Server, ingest_elsewhere, start_server
-from graph.web_api import ASSETS
+from mia.graph.server import Server, ingest_elsewhere, start_server
+from mia.graph.web_api import ASSETS
 
 BROWSER_PACKAGES = "chromium chromium-driver"
 WAIT_S = 300.0
@@ -195,7 +195,7 @@ def print_result(result: dict[str, Any]) -> None:
 def cmd_web_bench(args: argparse.Namespace) -> int:
     import tempfile
 
-    from stores.settings import data_root
+    from mia.stores.settings import data_root
 
     reason = browser_missing()
     if reason:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from nodes.agent import generate, next_step, prepare, retrieve, update_without_signature
-from nodes.context import Context
-from nodes.state import AgentState, InputState, OutputState
+from mia.nodes.agent import generate, next_step, prepare, retrieve, update_without_signature
+from mia.nodes.context import AgentSettings
+from mia.nodes.state import AgentState, InputState, OutputState
 
-builder = StateGraph(AgentState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder = StateGraph(AgentState, context_schema=AgentSettings, input_schema=InputState, output_schema=OutputState)
 builder.add_node("prepare", prepare)
 builder.add_node("retrieve", retrieve)
 builder.add_node("update", update_without_signature)

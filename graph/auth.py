@@ -12,16 +12,16 @@ which is what a single user on loopback wants. With keys set:
   it names (an ingest run's input);
 * threads are private to the key that created them (they hold questions and answers);
 * a key restricted to some collections may not point a run at other models or endpoints
-  (``chat_base_url``, ``chat_model``, ``embedder``, ``selection_embedder``): the server would
+  (``chat_base_url``, ``chat_model``, ``selection_embedder``, ``sig_weights``): the server would
   otherwise send retrieved text, or its own requests, wherever a caller asks, and load any model
   folder on its disk;
 * assistants can be changed only by keys allowed on every collection, and a key sees (and runs)
   only the default assistants and those whose collection it may use; crons and the store are
   unused by MiA and refused.
 
-Ingest runs are also checked here for paths outside the data root (for every caller, with or
-without keys), so a bad path is refused with 403 before a run is queued; the ingest graph checks
-again when it reads. The decisions are plain functions, unit-tested without a server; the
+Ingest runs are also checked here for paths outside the data root, and uploads outside the
+collection's upload folder (for every caller, with or without keys), so a bad path is refused with
+403 before a run is queued; the ingest graph checks again when it reads. The decisions are plain functions, unit-tested without a server; the
 ``auth`` object at the bottom wires them into LangGraph's custom auth (langgraph.json ``auth``).
 """
 
@@ -39,13 +39,13 @@ from uuid import uuid5
 
 from langgraph_sdk import Auth
 
-from nodes.context import Context
-from stores.paths import PathError, ingest_root, resolve_under
+from mia.nodes.context import CommonSettings
+from mia.stores.paths import PathError, ingest_root, resolve_under, uploads_of
 
 KEYS_ENV = "MIA_API_KEYS"
 PERMISSION_PREFIX = "collection:"
 # Run settings that choose models, weights files and endpoints: server-side for restricted keys.
-SERVER_SETTINGS = ("chat_base_url", "chat_model", "embedder", "selection_embedder", "sig_weights")
+SERVER_SETTINGS = ("chat_base_url", "chat_model", "selection_embedder", "sig_weights")
 INGEST_GRAPH = "ingest"
 
 Keys = Mapping[str, tuple[str, ...]]
@@ -152,7 +152,7 @@ def check_run(caller: Caller, kwargs: Mapping[str, Any], *, graph_id: str | None
     ``kwargs`` is the run's own payload (input, config, context). ``graph_id`` is the graph of a
     default assistant, or None for an assistant created through the API. A question graph answers
     from the run's context collection, else its assistant's, else the server default
-    (``MIA_COLLECTION``), the order in which LangGraph and ``Context`` resolve it. A default
+    (``MIA_COLLECTION``), the order in which LangGraph and the graph's settings resolve it. A default
     assistant has no context, so the default is the one to check; a created assistant's own
     collection is guarded by its readers (:func:`visible_assistants`), which the server checks
     for such runs. The ingest graph writes to its input's collection; every collection a run
@@ -170,17 +170,20 @@ def check_run(caller: Caller, kwargs: Mapping[str, Any], *, graph_id: str | None
 
 
 def check_ingest_paths(kwargs: Mapping[str, Any]) -> None:
-    """Refuse (403) ingest paths that are absolute, contain '..' or leave the data root."""
+    """Refuse (403) ingest paths that are absolute, contain '..' or leave their root: the data root
+    for ``paths``, the collection's upload folder for ``uploads``."""
     payload = kwargs.get("input") if isinstance(kwargs.get("input"), dict) else {}
-    paths = payload.get("paths")
-    if paths is None:
-        return
-    if not isinstance(paths, list):
-        raise AuthFailure(403, "ingest `paths` must be a list of paths relative to the data root")
-    root = ingest_root()
+    roots = {"paths": ingest_root, "uploads": lambda: uploads_of(str(payload.get("collection") or ""))}
     try:
-        for path in paths:
-            resolve_under(root, path)
+        for field, root in roots.items():
+            paths = payload.get(field)
+            if paths is None:
+                continue
+            if not isinstance(paths, list):
+                raise AuthFailure(403, f"ingest `{field}` must be a list of relative paths")
+            folder = root()
+            for path in paths:
+                resolve_under(folder, path)
     except PathError as exc:
         raise AuthFailure(403, str(exc)) from exc
 
@@ -249,7 +252,7 @@ async def on_run(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> A
         if KEYS is None:
             return None
         check_run(_caller(ctx), kwargs, graph_id=_default_assistants().get(str(value["assistant_id"])),
-                  default_collection=Context().collection)
+                  default_collection=CommonSettings().collection)
     except AuthFailure as failure:
         raise _refuse(failure) from None
     value.setdefault("metadata", {})["owner"] = ctx.user.identity
@@ -278,7 +281,7 @@ async def on_assistants(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> A
     if ctx.action == "create" or value.get("context") or (value.get("config") or {}).get("configurable"):
         settings = value.get("context") or (value.get("config") or {}).get("configurable") or {}
         # The server keeps a reference to this dict: update it in place.
-        value["metadata"]["readers"] = readers(KEYS, settings.get("collection") or Context().collection)
+        value["metadata"]["readers"] = readers(KEYS, settings.get("collection") or CommonSettings().collection)
     return None
 
 

@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
-from graph import openai_app, web_api
+from mia.graph import openai_app, web_api
 
 app = Starlette(routes=[*openai_app.routes, *web_api.routes])

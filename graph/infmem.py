@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from nodes.context import Context
-from nodes.memory import after_prethink, after_write, answer, prethink, retrieve, start_stream, write
-from nodes.qa import prepare
-from nodes.state import InputState, MemoryOutputState, MemoryState
+from mia.nodes.context import InfMemSettings
+from mia.nodes.memory import after_prethink, after_write, answer, prethink, retrieve, start_stream, write
+from mia.nodes.qa import prepare
+from mia.nodes.state import InputState, MemoryOutputState, MemoryState
 
 RECURSION_LIMIT = 10_000
 
-builder = StateGraph(MemoryState, context_schema=Context, input_schema=InputState, output_schema=MemoryOutputState)
+builder = StateGraph(MemoryState, context_schema=InfMemSettings, input_schema=InputState, output_schema=MemoryOutputState)
 builder.add_node("prepare", prepare)
 builder.add_node("start_stream", start_stream)
 builder.add_node("prethink", prethink)

@@ -1,9 +1,13 @@
 """Graph ``ingest``: build or update a collection through the server.
 
-Input ``{"paths": [...], "collection": NAME, "summarizer": "extractive" | "llm" | "llm-excerpt" | "none"}`` with
-paths relative to the ingest root (``MIA_INGEST_ROOT``, default the data root). A server must not
-read whatever file a caller names, so every path, and every file inside a named folder, is
-resolved and checked to lie under that root before anything is read (``stores.paths``).
+Input ``{"paths": [...], "uploads": [...], "collection": NAME, "summarizer": "extractive" | "llm" |
+"llm-excerpt" | "none"}`` with paths relative to the ingest root (``MIA_INGEST_ROOT``, default the
+data root) and uploads named as stored in the collection's upload folder (``$MIA_HOME/uploads/NAME``,
+where the web page puts the files it sends). A server must not read whatever file a caller names,
+so every path, and every file inside a named folder, is resolved and checked to lie under its root
+before anything is read (``stores.paths``). Progress goes out as custom stream events
+``{"event": "ingest_progress", "stage", "done", "total"}``: the web page's progress bar, and what
+any client joining the run's stream sees.
 
 Ingesting inside the server process is also what keeps the embedded Chroma safe: it is not
 process-safe, and the server is the one process that writes to it.
@@ -19,14 +23,13 @@ from langgraph.config import get_stream_writer
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 
-from stores.chat import load_chat_model
-from stores.embeddings import load_embedder
-from stores.ingest import LLM_SUMMARIZERS, SUPPORTED_SUFFIXES, IngestOptions, Summarizer, ingest
-from stores.paths import files_under, ingest_root
+from mia.stores.ingest import SUPPORTED_SUFFIXES, IngestOptions, Summarizer, ingest_sources
+from mia.stores.paths import ingest_files
 
 
 class IngestInput(TypedDict, total=False):
     paths: list[str]
+    uploads: list[str]
     collection: str
     summarizer: Summarizer
 
@@ -49,14 +52,13 @@ class IngestState(IngestInput, IngestOutput, total=False):
 
 
 def run_ingest(state: IngestState) -> dict[str, Any]:
-    """Check the paths, then ingest exactly the files that passed the check."""
-    options = IngestOptions(summarizer=state.get("summarizer") or IngestOptions.summarizer)
-    options.validate()
-    files = files_under(ingest_root(), state.get("paths") or [], SUPPORTED_SUFFIXES)
-    llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
+    """Check every path against its root, then ingest exactly the files that passed the check."""
+    collection = state.get("collection") or ""
+    files = ingest_files(collection, state.get("paths") or [], state.get("uploads") or [], SUPPORTED_SUFFIXES)
     writer = get_stream_writer()  # progress as custom stream events (stream_mode "custom", Studio)
-    report = ingest(files, state.get("collection") or "", load_embedder(), options=options, llm=llm, progress=False,
-                    on_progress=lambda stage, done, total: writer({"event": "ingest_progress", "stage": stage, "done": done, "total": total}))
+    report = ingest_sources(files, collection, IngestOptions(summarizer=state.get("summarizer") or IngestOptions.summarizer),
+                            progress=False,
+                            on_progress=lambda stage, done, total: writer({"event": "ingest_progress", "stage": stage, "done": done, "total": total}))
     return asdict(report)
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from nodes.context import Context
-from nodes.memory import after_update, answer, start_stream, update_memory
-from nodes.qa import prepare
-from nodes.state import InputState, MemoryOutputState, MemoryState
+from mia.nodes.context import MemAgentSettings
+from mia.nodes.memory import after_update, answer, start_stream, update_memory
+from mia.nodes.qa import prepare
+from mia.nodes.state import InputState, MemoryOutputState, MemoryState
 
 RECURSION_LIMIT = 10_000
 
-builder = StateGraph(MemoryState, context_schema=Context, input_schema=InputState, output_schema=MemoryOutputState)
+builder = StateGraph(MemoryState, context_schema=MemAgentSettings, input_schema=InputState, output_schema=MemoryOutputState)
 builder.add_node("prepare", prepare)
 builder.add_node("start_stream", start_stream)
 builder.add_node("update_memory", update_memory)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from nodes.agent import generate, init_signature, next_step, prepare, retrieve, update_with_signature
-from nodes.context import Context
-from nodes.state import AgentState, InputState, OutputState
+from mia.nodes.agent import generate, init_signature, next_step, prepare, retrieve_with_signature, update_with_signature
+from mia.nodes.context import MiaAgentSettings
+from mia.nodes.state import AgentState, InputState, OutputState
 
-builder = StateGraph(AgentState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder = StateGraph(AgentState, context_schema=MiaAgentSettings, input_schema=InputState, output_schema=OutputState)
 builder.add_node("prepare", prepare)
 builder.add_node("init_signature", init_signature)
-builder.add_node("retrieve", retrieve)
+builder.add_node("retrieve", retrieve_with_signature)
 builder.add_node("update", update_with_signature)
 builder.add_node("generate", generate)
 builder.add_edge(START, "prepare")

@@ -2,22 +2,22 @@
 
 Step-0 query-only retrieval of K0 chunks → InitSignature (coverage-aware greedy selection of
 K_sum session summaries, App. A) → retrieval conditioned on query + signature (the trained signature
-head by default, the paper's Eq. 4 with sig_strategy centroid/concat/mia) → answer.
+head by default, the paper's Eq. 4 with sig_strategy centroid or mia) → answer.
 """
 
 from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from nodes.context import Context
-from nodes.qa import after_retrieval, generate, init_signature, prepare, retrieve_with_signature
-from nodes.state import InputState, OutputState, QAState
+from mia.nodes.context import MiaRagSettings
+from mia.nodes.qa import after_retrieval, generate_with_signature, init_signature, prepare, retrieve_with_signature
+from mia.nodes.state import InputState, OutputState, QAState
 
-builder = StateGraph(QAState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder = StateGraph(QAState, context_schema=MiaRagSettings, input_schema=InputState, output_schema=OutputState)
 builder.add_node("prepare", prepare)
 builder.add_node("init_signature", init_signature)
 builder.add_node("retrieve", retrieve_with_signature)
-builder.add_node("generate", generate)
+builder.add_node("generate", generate_with_signature)
 builder.add_edge(START, "prepare")
 builder.add_edge("prepare", "init_signature")
 builder.add_edge("init_signature", "retrieve")

@@ -4,7 +4,7 @@ Mounted into the LangGraph server through ``graph/http_app.py`` (langgraph.json 
 one port serve LangGraph clients (SDK, Studio, Agent Chat UI) and OpenAI clients (Open WebUI,
 the ``openai`` SDK, LibreChat). A model is ``GRAPH:COLLECTION``, e.g. ``mia_rag:holmes``.
 
-Graphs run in-process (``graph.astream`` with the run's ``Context``) rather than through the
+Graphs run in-process (``graph.astream`` with the run's settings) rather than through the
 server's run API, because an OpenAI client is stateless: it resends the whole conversation on
 every request, so there is no thread or checkpoint to keep, and a direct run has no queue hop.
 The server's in-process SDK transport would also skip custom auth, so this app authenticates
@@ -34,11 +34,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from graph.auth import KEYS, AuthFailure, Caller, check_collection, check_settings, identify
-from graph.registry import QUESTION_GRAPHS, load_graph
-from nodes.answer import SOURCES_MARKER
-from nodes.context import Context, context_from
-from stores.mindscape import chroma_client, list_mindscapes
+from mia.graph.auth import KEYS, AuthFailure, Caller, check_collection, check_settings, identify
+from mia.graph.registry import QUESTION_GRAPHS, load_graph
+from mia.nodes.answer import SOURCES_MARKER
+from mia.nodes.context import GraphSettings, context_from
+from mia.stores.mindscape import chroma_client, list_mindscapes
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def parse_messages(raw: Any) -> list[BaseMessage]:
     return messages
 
 
-async def _prepare(request: Request) -> tuple[str, Any, dict[str, Any], Context, dict[str, Any]]:
+async def _prepare(request: Request) -> tuple[str, Any, dict[str, Any], GraphSettings, dict[str, Any]]:
     """Everything a completion needs, with every refusal decided before a graph starts."""
     caller = _caller(request)
     try:
@@ -126,7 +126,7 @@ async def _prepare(request: Request) -> tuple[str, Any, dict[str, Any], Context,
     if max_tokens is not None:
         settings["max_new_tokens"] = max_tokens
     try:
-        ctx = context_from(settings)
+        ctx = context_from(graph_name, settings)
     except (ValueError, TypeError) as exc:
         raise RequestError(400, str(exc)) from None
     if collection not in await asyncio.to_thread(_collections):
@@ -188,7 +188,7 @@ async def chat_completions(request: Request) -> Response:
     })
 
 
-async def _stream(graph: Any, payload: dict[str, Any], ctx: Context, model: str, completion_id: str,
+async def _stream(graph: Any, payload: dict[str, Any], ctx: GraphSettings, model: str, completion_id: str,
                   include_usage: bool) -> AsyncIterator[str]:
     """OpenAI ``chat.completion.chunk`` events: role, answer tokens, the rest, stop, ``[DONE]``."""
     created = int(time.time())

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from nodes.context import Context
-from nodes.qa import after_retrieval, generate, prepare, retrieve
-from nodes.state import InputState, OutputState, QAState
+from mia.nodes.context import RagSettings
+from mia.nodes.qa import after_retrieval, generate, prepare, retrieve
+from mia.nodes.state import InputState, OutputState, QAState
 
-builder = StateGraph(QAState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder = StateGraph(QAState, context_schema=RagSettings, input_schema=InputState, output_schema=OutputState)
 builder.add_node("prepare", prepare)
 builder.add_node("retrieve", retrieve)
 builder.add_node("generate", generate)

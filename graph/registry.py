@@ -1,48 +1,26 @@
 """The question graphs by name, with what each reads, imported on first use (each import loads
-LangGraph and the nodes)."""
+LangGraph and the nodes). What a graph reads is its settings class (``nodes.context``), the same
+class its builder takes as ``context_schema``, so the two cannot disagree."""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import fields
 from typing import Any
 
-from nodes.context import settings_in
+from mia.nodes.context import GRAPH_SETTINGS, StaticSettings, settings_class
 
-
-@dataclass(frozen=True)
-class GraphInfo:
-    setting_groups: frozenset[str]
-    """The ``Context`` setting groups the graph reads (see ``nodes.context.SettingGroup``)."""
-    retrieval_only: bool
-    """Whether the graph honours ``retrieval_only``: the agents decide *what* to retrieve with the
-    chat model, so stopping them before it would measure nothing."""
-
-
-_MINDSCAPE = frozenset({"common", "retrieval"})
-GRAPHS: dict[str, GraphInfo] = {
-    "rag": GraphInfo(_MINDSCAPE, retrieval_only=True),
-    "mia_rag": GraphInfo(_MINDSCAPE | {"signature"}, retrieval_only=True),
-    "mia_agent": GraphInfo(_MINDSCAPE | {"signature"}, retrieval_only=False),
-    "agent": GraphInfo(_MINDSCAPE, retrieval_only=False),
-    "infmem": GraphInfo(frozenset({"common", "streaming"}), retrieval_only=False),
-    "memagent": GraphInfo(frozenset({"common", "streaming"}), retrieval_only=False),
-}
-QUESTION_GRAPHS = tuple(GRAPHS)
-RETRIEVAL_ONLY_GRAPHS = tuple(name for name, info in GRAPHS.items() if info.retrieval_only)
+QUESTION_GRAPHS = tuple(GRAPH_SETTINGS)
+RETRIEVAL_ONLY_GRAPHS = tuple(name for name, cls in GRAPH_SETTINGS.items() if issubclass(cls, StaticSettings))
+"""The graphs that honour ``retrieval_only``: the agents decide *what* to retrieve with the chat
+model, so stopping them before it would measure nothing."""
 
 
 def settings_read(name: str) -> frozenset[str]:
-    """The ``Context`` settings graph ``name`` reads: a run's result depends on these alone."""
-    return settings_in(_info(name).setting_groups)
+    """The settings graph ``name`` reads: a run's result depends on these alone."""
+    return frozenset(f.name for f in fields(settings_class(name)))
 
 
 def load_graph(name: str) -> Any:
-    _info(name)
-    return importlib.import_module(f"graph.{name}").graph
-
-
-def _info(name: str) -> GraphInfo:
-    if name not in GRAPHS:
-        raise ValueError(f"unknown graph {name!r}; choose one of {', '.join(QUESTION_GRAPHS)}")
-    return GRAPHS[name]
+    settings_class(name)  # an unknown name is refused before anything is imported
+    return importlib.import_module(f"mia.graph.{name}").graph

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import httpx
 
-from stores.settings import data_root, mia_home
+from mia.stores.settings import data_root, mia_home
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "langgraph.json"
@@ -122,7 +122,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _check_keys(env: Mapping[str, str]) -> None:
-    from graph.auth import KEYS_ENV, parse_keys
+    from mia.graph.auth import KEYS_ENV, parse_keys
 
     parse_keys(env.get(KEYS_ENV))  # raises ValueError with the reason
 
@@ -259,12 +259,11 @@ def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None
 
 _INGEST_SCRIPT = """
 import json, sys
-from stores.embeddings import load_embedder
-from stores.ingest import IngestOptions, ingest
+from mia.stores.ingest import IngestOptions, ingest_sources
 spec = json.loads(sys.argv[1])
 options = IngestOptions(**spec["options"])
 for collection, paths in spec["collections"].items():
-    ingest(paths, collection, load_embedder("minilm"), options=options, progress=False)
+    ingest_sources(paths, collection, options, embedder_spec="minilm", progress=False)
 """
 
 

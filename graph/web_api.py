@@ -1,29 +1,26 @@
-"""The web page's own endpoints under ``/mia``: the page, collections, ingestion jobs, passages.
+"""The web page's own endpoints under ``/mia``: the page, collections, uploads, passages.
 
 The page (``graph/web/``: one HTML file, one script, one stylesheet, nothing fetched from
 outside the machine) chats through the LangGraph API itself (threads, ``runs/stream``), so a
 question asked on the page is an ordinary run that Studio and the SDK can inspect. What the API
-does not offer lives here: collection statistics, deleting a collection, ingesting an uploaded
-file or a path under ``MIA_INGEST_ROOT`` as a background job with live progress, and the texts
-and positions that turn a run's ids into pictures (chunk and summary records, book lengths,
-a cited passage in its book context).
+does not offer lives here: collection statistics, deleting a collection, receiving an uploaded
+file (which the page then ingests with a run of the ``ingest`` graph, as it does a path under
+``MIA_INGEST_ROOT``), and the texts and positions that turn a run's ids into pictures (chunk and
+summary records, book lengths, a cited passage in its book context).
 
 Custom routes are not covered by LangGraph's custom auth, so every endpoint here authenticates
 itself with the same keys and decisions as ``graph/auth.py``: a key sees, reads, fills and
-deletes only the collections it may use, and its ingestion jobs are its own. Store reads run
-in worker threads (``asyncio.to_thread``) to keep the server's event loop free; ingestion runs
-in a thread of the server process, which is the one writer of the embedded store.
+deletes only the collections it may use. Store reads run in worker threads
+(``asyncio.to_thread``) to keep the server's event loop free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import threading
-import time
 import typing
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Awaitable, Callable, get_args
 from urllib.parse import urlparse
@@ -33,12 +30,11 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from graph.auth import KEYS, AuthFailure, Caller, check_collection, identify
-from nodes.context import Context
-from stores.mindscape import Mindscape, MindscapeError, chroma_client, delete_mindscape, list_mindscapes, validate_name
-from stores.paths import PathError, files_under, ingest_root
-from stores.settings import mia_home
-from stores.writer_lock import StoreBusy
+from mia.graph.auth import KEYS, AuthFailure, Caller, check_collection, identify
+from mia.nodes.context import settings_class
+from mia.stores.mindscape import Mindscape, MindscapeError, chroma_client, delete_mindscape, list_mindscapes, validate_name
+from mia.stores.paths import upload_root
+from mia.stores.writer_lock import StoreBusy
 
 ASSETS = Path(__file__).resolve().parent / "web"
 PREFIX = "/mia"
@@ -76,8 +72,6 @@ def authenticated(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return JSONResponse({"detail": error.message}, status_code=error.status)
         except StoreBusy as error:
             return JSONResponse({"detail": str(error)}, status_code=409)
-        except PathError as error:  # refused as the ingest graph's paths are (graph.auth)
-            return JSONResponse({"detail": str(error)}, status_code=403)
         except MindscapeError as error:
             return JSONResponse({"detail": str(error)}, status_code=404 if "unknown collection" in str(error) else 400)
     return endpoint
@@ -130,89 +124,16 @@ async def remove_collection(request: Request, caller: Caller) -> Response:
     return JSONResponse({"removed": name})
 
 
-# ---- ingestion jobs ---------------------------------------------------------------------------
-@dataclass
-class Job:
-    """One ingestion running (or finished) in the server process; polled by the page."""
+# ---- uploads ------------------------------------------------------------------------------------
+async def upload(request: Request, caller: Caller) -> Response:
+    """The request body is one ``.txt`` or ``.md`` file named by ``?filename=``; it is kept in the
+    collection's upload folder (``$MIA_HOME/uploads/COLLECTION/``; the book's id is its file name).
 
-    id: str
-    owner: str
-    collection: str
-    files: list[str]
-    state: str = "running"  # running | done | failed
-    stage: str = "starting"
-    done: int = 0
-    total: int = 0
-    books_done: int = 0
-    books_total: int = 0
-    report: dict[str, Any] = field(default_factory=dict)
-    error: str = ""
-    started: float = field(default_factory=time.time)
-    finished: float = 0.0
-
-    def progress(self, stage: str, done: int, total: int) -> None:
-        if stage == "books":
-            self.books_done, self.books_total = done, total
-        else:
-            self.stage, self.done, self.total = stage, done, total
-
-
-JOBS: dict[str, Job] = {}
-_JOBS_LOCK = threading.Lock()
-MAX_JOBS_KEPT = 100
-
-
-def start_job(owner: str, collection: str, files: list[Path], summarizer: str) -> Job:
-    """Ingest ``files`` into ``collection`` in a daemon thread; the job records its progress."""
-    from stores.ingest import IngestOptions
-
-    options = IngestOptions(summarizer=summarizer or IngestOptions.summarizer)  # type: ignore[arg-type]
-    try:
-        options.validate()
-    except ValueError as exc:
-        raise WebError(400, str(exc)) from None
-    job = Job(id=uuid.uuid4().hex, owner=owner, collection=collection, files=[f.name for f in files])
-    with _JOBS_LOCK:
-        finished = [j for j in JOBS.values() if j.state != "running"]
-        for old in sorted(finished, key=lambda j: j.finished)[: max(0, len(JOBS) - MAX_JOBS_KEPT + 1)]:
-            del JOBS[old.id]
-        JOBS[job.id] = job
-    threading.Thread(target=_run_job, args=(job, files, options), name=f"ingest-{job.id[:8]}", daemon=True).start()
-    return job
-
-
-def _run_job(job: Job, files: list[Path], options: Any) -> None:
-    from stores.chat import load_chat_model
-    from stores.embeddings import load_embedder
-    from stores.ingest import LLM_SUMMARIZERS, ingest
-
-    try:
-        llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
-        report = ingest(files, job.collection, load_embedder(), options=options, llm=llm, progress=False,
-                        on_progress=job.progress)
-        job.report, job.finished, job.state = asdict(report), time.time(), "done"  # state last: pollers read it first
-    except Exception as exc:  # noqa: BLE001 - any failure is the job's result, shown on the page
-        job.error, job.finished, job.state = str(exc) or type(exc).__name__, time.time(), "failed"
-
-
-async def ingest_path(request: Request, caller: Caller) -> Response:
-    """``{"paths": [...], "summarizer": ...}``: files under ``MIA_INGEST_ROOT``, as the ingest graph reads them."""
-    from stores.ingest import SUPPORTED_SUFFIXES
-
-    name = _allowed_collection(request, caller)
-    body = await _json_body(request)
-    paths = body.get("paths")
-    if not isinstance(paths, list) or not paths:
-        raise WebError(400, "send {\"paths\": [\"folder/book.txt\"]}: paths relative to the ingest root")
-    files = await asyncio.to_thread(files_under, ingest_root(), paths, SUPPORTED_SUFFIXES)
-    job = start_job(caller.identity, name, files, str(body.get("summarizer") or ""))
-    return JSONResponse(_job_view(job), status_code=202)
-
-
-async def ingest_upload(request: Request, caller: Caller) -> Response:
-    """The request body is one ``.txt`` or ``.md`` file named by ``?filename=``; it is kept under
-    ``$MIA_HOME/uploads/COLLECTION/`` (the book's id is its file name) and ingested from there."""
-    from stores.ingest import SUPPORTED_SUFFIXES
+    Nothing is ingested here: the page then starts a run of the ``ingest`` graph with
+    ``{"uploads": [FILE]}``, so an upload is ingested as a path is, on a thread whose run Studio,
+    the SDK and the page follow alike.
+    """
+    from mia.stores.ingest import SUPPORTED_SUFFIXES
 
     name = _allowed_collection(request, caller)
     raw_name = Path(request.query_params.get("filename", "")).name
@@ -230,10 +151,8 @@ async def ingest_upload(request: Request, caller: Caller) -> Response:
         raise WebError(400, f"upload {filename!r} is not UTF-8 text: convert it first") from None
     if not text.strip():
         raise WebError(400, f"upload {filename!r} is empty")
-    target = mia_home() / "uploads" / name / filename
-    await asyncio.to_thread(_write_atomically, target, text)
-    job = start_job(caller.identity, name, [target], request.query_params.get("summarizer", ""))
-    return JSONResponse(_job_view(job), status_code=202)
+    await asyncio.to_thread(_write_atomically, upload_root(name) / filename, text)
+    return JSONResponse({"collection": name, "upload": filename}, status_code=201)
 
 
 def _write_atomically(target: Path, text: str) -> None:
@@ -242,19 +161,6 @@ def _write_atomically(target: Path, text: str) -> None:
     partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
     partial.write_text(text, encoding="utf-8")
     partial.replace(target)
-
-
-async def job_status(request: Request, caller: Caller) -> Response:
-    job = JOBS.get(request.path_params["job"])
-    if job is None or job.owner != caller.identity:
-        raise WebError(404, "unknown ingestion job: it belongs to another key, or the server restarted")
-    return JSONResponse(_job_view(job))
-
-
-def _job_view(job: Job) -> dict[str, Any]:
-    view = asdict(job)
-    del view["owner"]
-    return view
 
 
 # ---- what a run's ids point to ----------------------------------------------------------------
@@ -321,22 +227,28 @@ async def passage(request: Request, caller: Caller) -> Response:
 
 
 # ---- settings form ----------------------------------------------------------------------------
-def settings_schema() -> list[dict[str, Any]]:
-    """Every ``Context`` setting with its type, choices, effective default (``MIA_*`` applied) and
-    description: the page's side panel is built from the same fields as Studio's form."""
-    hints = typing.get_type_hints(Context)
-    defaults = Context()
+def settings_schema(graph: str) -> list[dict[str, Any]]:
+    """Every setting ``graph`` reads with its type, choices, effective default (``MIA_*`` applied) and
+    description: the page's side panel is built from the same fields as Studio's form for that graph."""
+    try:
+        cls = settings_class(graph)
+    except ValueError as exc:
+        raise WebError(400, str(exc)) from None
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
     out = []
-    for f in fields(Context):
+    for f in fields(cls):
         kind = hints[f.name]
         choices = list(get_args(kind)) if typing.get_origin(kind) is typing.Literal else []
         out.append({"name": f.name, "type": "choice" if choices else kind.__name__, "choices": choices,
-                    "default": getattr(defaults, f.name), "description": f.metadata["description"], "group": f.metadata["group"]})
+                    "default": getattr(defaults, f.name), "description": f.metadata["description"]})
     return out
 
 
 async def settings(request: Request, caller: Caller) -> Response:
-    return JSONResponse({"settings": settings_schema()})
+    """``?graph=NAME``: the settings form of that graph."""
+    graph = request.query_params.get("graph", "")
+    return JSONResponse({"graph": graph, "settings": settings_schema(graph)})
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -370,9 +282,7 @@ routes = [
     Route(f"{PREFIX}/api/collections", authenticated(collections)),
     Route(f"{PREFIX}/api/collections/{{name}}", authenticated(collection), methods=["GET"]),
     Route(f"{PREFIX}/api/collections/{{name}}", authenticated(remove_collection), methods=["DELETE"]),
-    Route(f"{PREFIX}/api/collections/{{name}}/ingest", authenticated(ingest_path), methods=["POST"]),
-    Route(f"{PREFIX}/api/collections/{{name}}/upload", authenticated(ingest_upload), methods=["PUT"]),
+    Route(f"{PREFIX}/api/collections/{{name}}/upload", authenticated(upload), methods=["PUT"]),
     Route(f"{PREFIX}/api/collections/{{name}}/lookup", authenticated(lookup), methods=["POST"]),
     Route(f"{PREFIX}/api/collections/{{name}}/passage", authenticated(passage)),
-    Route(f"{PREFIX}/api/jobs/{{job}}", authenticated(job_status)),
 ]

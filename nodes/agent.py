@@ -18,17 +18,17 @@ from langgraph.config import get_stream_writer
 from langgraph.runtime import Runtime
 from pydantic import BaseModel, BeforeValidator, Field
 
-import prompts
-from nodes import resources
-from nodes.answer import generate as answer_with
-from nodes.answer import options_for, usage_of
-from nodes.context import Context, resolved_sig_strategy
-from nodes.qa import prepare as prepare_question
-from nodes.qa import initial_signature
-from nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
-from nodes.state import AgentState
-from prompts.injection import decode, planted
-from stores.chat import json_call
+from mia import prompts
+from mia.nodes import resources
+from mia.nodes.answer import generate as answer_with
+from mia.nodes.answer import options_for, usage_of
+from mia.nodes.context import AgentGraphSettings, AgentSettings, MiaAgentSettings
+from mia.nodes.qa import prepare as prepare_question
+from mia.nodes.qa import initial_signature
+from mia.nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
+from mia.nodes.state import AgentState
+from mia.prompts.injection import decode, planted
+from mia.stores.chat import json_call
 
 
 def _as_list(value: Any) -> Any:
@@ -73,32 +73,38 @@ class NoSignatureUpdate(BaseModel):
     new_evidence: list[Fact] = Field(default_factory=list, json_schema_extra=_FACTS)
 
 
-def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+def prepare(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> dict[str, Any]:
     """q_0 = q, E_0 = ∅, t = 0."""
     update = prepare_question(state, runtime)
     return {**update, "query": update["question"], "evidence": [], "step": 0, "decision": "",
             "update_failures": 0, "trajectory": [None]}
 
 
-def init_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+def init_signature(state: AgentState, runtime: Runtime[MiaAgentSettings]) -> dict[str, Any]:
     """σ_0 from the step-0 query-only pool; First-K by default in the agent (App. A)."""
-    return initial_signature(state["question"], runtime.context, default="first_k")
+    return initial_signature(state["question"], runtime.context)
 
 
-def retrieve(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """P_t: E2 with (q_t, σ_t) when there is a signature, query-only otherwise."""
+def retrieve(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> dict[str, Any]:
+    """P_t: the step_k chunks for q_t alone (``agent``, and ``mia_agent`` while σ_t is empty)."""
     ctx = runtime.context
     store = resources.mindscape(ctx)
-    embedder = resources.embedder(ctx, store)
-    query_vec = embedder.embed_query(state["query"])
+    query_vec = resources.embedder(store).embed_query(state["query"])
+    hits = query_only(store, query_vec, ctx.step_k, text=state["query"], fusion=Fusion.of(ctx), depth=ctx.candidates,
+                      for_signature=False)
+    return {"retrieved": as_scored(hits)}
+
+
+def retrieve_with_signature(state: AgentState, runtime: Runtime[MiaAgentSettings]) -> dict[str, Any]:
+    """P_t: E2 with (q_t, σ_t)."""
     summary_ids = [s["id"] for s in state.get("signature") or []]
-    fusion = Fusion.of(ctx)
     if not summary_ids:
-        hits = query_only(store, query_vec, ctx.step_k, text=state["query"], fusion=fusion, depth=ctx.candidates,
-                          for_signature=False)
-        return {"retrieved": as_scored(hits)}
-    hits = signature_ranking(ctx, resolved_sig_strategy(ctx, "mia_agent"), store, embedder, state["query"], query_vec,
-                             summary_ids, ctx.step_k)
+        return retrieve(state, runtime)
+    ctx = runtime.context
+    store = resources.mindscape(ctx)
+    embedder = resources.embedder(store)
+    query_vec = embedder.embed_query(state["query"])
+    hits = signature_ranking(ctx, store, embedder, state["query"], query_vec, summary_ids, ctx.step_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 
@@ -106,9 +112,10 @@ def _labelled(prefix: str, ids: list[str]) -> dict[str, str]:
     return {f"{prefix}{i + 1}": id_ for i, id_ in enumerate(ids)}
 
 
-def update(state: AgentState, runtime: Runtime[Context], *, with_signature: bool) -> dict[str, Any]:
-    """M_upd (Eq. 5): (d_t, q_{t+1}, σ_{t+1}, E_{t+1}) from (q_t, σ_t, P_t, E_t, H_t)."""
-    ctx = runtime.context
+def update(state: AgentState, ctx: AgentGraphSettings, *, k_sum: int) -> dict[str, Any]:
+    """M_upd (Eq. 5): (d_t, q_{t+1}, σ_{t+1}, E_{t+1}) from (q_t, σ_t, P_t, E_t, H_t); σ has at most
+    ``k_sum`` summaries, and a ``k_sum`` of 0 is the loop without a signature (``agent``)."""
+    with_signature = k_sum > 0
     store = resources.mindscape(ctx)
     chunks = store.chunk_records([r["id"] for r in state["retrieved"]])
     chunk_labels = _labelled("C", [c["id"] for c in chunks])
@@ -120,17 +127,17 @@ def update(state: AgentState, runtime: Runtime[Context], *, with_signature: bool
         summaries = {r["id"]: r["text"] for r in store.summary_records(candidates)}
     else:
         summary_labels, summaries = {}, {}
-    messages = _update_messages(state, ctx, chunks, chunk_labels, sig_ids, summary_labels, summaries, with_signature)
+    messages = _update_messages(state, ctx, chunks, chunk_labels, sig_ids, summary_labels, summaries, k_sum)
     schema = UpdateOutput if with_signature else NoSignatureUpdate
     parsed, raw = json_call(resources.chat_model(ctx, max_tokens=UPDATE_TOKENS), messages, schema)
     material = [c["text"] for c in chunks] + list(summaries.values())
     known = [decode(c.get("guard_trace", "")) for c in chunks]
-    return _apply(state, ctx, parsed, raw, chunk_labels, summary_labels, with_signature, material, known)
+    return _apply(state, ctx, parsed, raw, chunk_labels, summary_labels, k_sum, material, known)
 
 
-def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any]], chunk_labels: dict[str, str],
+def _update_messages(state: AgentState, ctx: AgentGraphSettings, chunks: list[dict[str, Any]], chunk_labels: dict[str, str],
                      sig_ids: list[str], summary_labels: dict[str, str], summaries: dict[str, str],
-                     with_signature: bool) -> list[Any]:
+                     k_sum: int) -> list[Any]:
     label_of_chunk = {v: k for k, v in chunk_labels.items()}
     guard = ctx.injection_guard
     passages = "\n".join(prompts.fence(c["text"], guard=guard, cut=decode(c.get("guard_cut", "")), id=label_of_chunk[c["id"]],
@@ -140,7 +147,7 @@ def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any
         "Facts gathered so far:\n" + prompts.fence("\n".join(f"- {e['fact']}" for e in evidence), tag="evidence", guard=False) + "\n\n"
         if evidence else ""
     )
-    if with_signature:
+    if k_sum:
         label_of_summary = {v: k for k, v in summary_labels.items()}
         current = [label_of_summary[i] for i in sig_ids if i in label_of_summary]
         signature_block = (
@@ -149,7 +156,7 @@ def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any
             + "\n\n"
         )
         signature_rule = (
-            f'- "signature": the labels (S1, S2, ...) of at most {ctx.k_sum} summaries, chosen from those listed, '
+            f'- "signature": the labels (S1, S2, ...) of at most {k_sum} summaries, chosen from those listed, '
             "that best describe the part of the source the question is about.\n"
         )
         kinds = "the current signature (a few summaries of the relevant parts of the source), facts gathered so far"
@@ -166,8 +173,8 @@ def _update_messages(state: AgentState, ctx: Context, chunks: list[dict[str, Any
     )
 
 
-def _apply(state: AgentState, ctx: Context, parsed: BaseModel | None, raw: AIMessage, chunk_labels: dict[str, str],
-           summary_labels: dict[str, str], with_signature: bool, material: list[str],
+def _apply(state: AgentState, ctx: AgentGraphSettings, parsed: BaseModel | None, raw: AIMessage, chunk_labels: dict[str, str],
+           summary_labels: dict[str, str], k_sum: int, material: list[str],
            known: list[list[tuple[int, int]]]) -> dict[str, Any]:
     """The state update from M_upd's reply. Labels outside those offered are dropped; with the
     injection guard, so are facts and a next query traced to an instruction in the passages
@@ -202,11 +209,11 @@ def _apply(state: AgentState, ctx: Context, parsed: BaseModel | None, raw: AIMes
     next_query = parsed.next_query.strip()
     if ctx.rewrite_query and next_query and not traced(next_query):
         update["query"] = next_query
-    if with_signature:
+    if k_sum:
         chosen = list(dict.fromkeys(summary_labels[s.strip()] for s in parsed.signature if s.strip() in summary_labels))
         dropped += len(parsed.signature) - len(chosen)
         if chosen:  # an empty or fully invented signature keeps σ_t
-            update["signature"] = [{"id": i} for i in chosen[: ctx.k_sum]]
+            update["signature"] = [{"id": i} for i in chosen[:k_sum]]
     entry = {"step": step, "query": state["query"], "decision": parsed.decision,
              "next_query": update.get("query", state["query"]),
              "signature": [s["id"] for s in update.get("signature", state.get("signature") or [])],
@@ -229,46 +236,28 @@ def _emit(entry: dict[str, Any]) -> None:
     writer({"event": "agent_step", **entry})
 
 
-def update_with_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
-    return update(state, runtime, with_signature=True)
+def update_with_signature(state: AgentState, runtime: Runtime[MiaAgentSettings]) -> dict[str, Any]:
+    return update(state, runtime.context, k_sum=runtime.context.k_sum)
 
 
-def update_without_signature(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
-    return update(state, runtime, with_signature=False)
+def update_without_signature(state: AgentState, runtime: Runtime[AgentSettings]) -> dict[str, Any]:
+    return update(state, runtime.context, k_sum=0)
 
 
-def next_step(state: AgentState, runtime: Runtime[Context]) -> str:
+def next_step(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> str:
     """Answer when M_upd says so or the budget N_stop is spent; otherwise retrieve again."""
     if state.get("decision") == "answer" or int(state.get("step", 0)) >= runtime.context.max_steps:
         return "generate"
     return "retrieve"
 
 
-def answer_inputs(state: AgentState, ctx: Context, store: Any) -> tuple[bool, bool]:
-    """Which memories the generator sees: (signature, evidence).
-
-    ``auto`` is our rule for what the paper leaves open. Evidence is shown when the loop gathered
-    any: it is grounded and short. The signature is shown only when the final passages are
-    dispersed, i.e. the top five come from three or more different sessions, because a global
-    prior helps synthesis across regions and distracts when the answer is local (paper, App. G).
-    """
-    mode = ctx.answer_inputs
-    if mode != "auto":
-        return "sig" in mode, "evi" in mode
-    top = store.chunk_records([r["id"] for r in (state.get("retrieved") or [])[:5]], documents=False)
-    dispersed = len({c.get("summary_id") for c in top}) >= 3
-    return dispersed and bool(state.get("signature")), bool(state.get("evidence"))
-
-
-def generate(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """M_gen(q, P_t, σ_{t+1}, E_{t+1}) (Eq. 6)."""
+def generate(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> dict[str, Any]:
+    """M_gen(q, P_t, σ_{t+1}, E_{t+1}) (Eq. 6), with the memories ``answer_inputs`` names."""
     ctx = runtime.context
     store = resources.mindscape(ctx)
     chunks = store.chunk_records([r["id"] for r in state.get("retrieved", [])][: ctx.top_k])
-    use_sig, use_evi = answer_inputs(state, ctx, store)
-    sig_ids = [s["id"] for s in state.get("signature") or []]
-    signature = [r["text"] for r in store.summary_records(sig_ids)] if use_sig and sig_ids else []
-    evidence = [e["fact"] for e in state.get("evidence") or []] if use_evi else []
+    sig_ids = [s["id"] for s in state.get("signature") or []] if "sig" in ctx.answer_inputs else []
+    signature = [r["text"] for r in store.summary_records(sig_ids)] if sig_ids else []
+    evidence = [e["fact"] for e in state.get("evidence") or []] if "evi" in ctx.answer_inputs else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard,
-                       style=ctx.open_answer)
+                       options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard)

@@ -7,29 +7,17 @@ from typing import Any, Sequence
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from pydantic import BaseModel, Field
 
-import prompts
-from nodes.context import AnswerFormat, Context, OpenAnswer
-from nodes.state import merge_usage
-from prompts import injection
-from stores.bm25 import tokenize
-from stores.chat import json_call
-from stores.summaries import sentence_spans
+from mia import prompts
+from mia.nodes.context import AnswerFormat, CommonSettings
+from mia.nodes.state import merge_usage
+from mia.prompts import injection
+from mia.stores.bm25 import tokenize
+from mia.stores.summaries import sentence_spans
 
 FORMAT_RULES: dict[str, str] = {
     "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
     "If the material does not contain the answer, say so briefly.",
-    # The open_answer styles below were measured against "open" (the rule of every report before
-    # issue 25) on multihop-synth's train split; evals/README.md has the figures.
-    "phrase": "Reply with the answer itself: a name, a date, a number or a few words taken from the passages, "
-    "never a whole sentence and never the question restated. Then cite the passages you used as [1], [2], ... "
-    'For example, asked "Who wrote the novel the film was based on?", reply: Mary Shelley [3]. '
-    "If the material does not contain the answer, say so briefly.",
-    "schema": 'Reply with JSON: {"answer": the answer itself (a name, a date, a number or a few words taken from '
-    'the passages, never a whole sentence), "passages": the numbers of the passages you used}. '
-    'For example: {"answer": "Mary Shelley", "passages": [3]}. If the material does not contain the answer, '
-    "say so briefly as the answer.",
     "choice": "Answer with the letter of the correct option only.",
     "verify": "Answer TRUE if the claim is supported by the material and FALSE otherwise, with that one word only.",
 }
@@ -38,7 +26,7 @@ _CITE = re.compile(r"\[(\d{1,3})\]")
 LETTERS = "ABCDEFGHIJ"
 
 
-def options_for(state: dict[str, Any], ctx: Context) -> list[str]:
+def options_for(state: dict[str, Any], ctx: CommonSettings) -> list[str]:
     """Answer options matter only to multiple choice; on a thread they may be an earlier turn's."""
     return list(state.get("options") or []) if ctx.answer_format == "choice" else []
 
@@ -71,31 +59,16 @@ def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), gu
 
 def answer_messages(question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
                     options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-                    guard: bool = True, style: OpenAnswer = "trim") -> list[BaseMessage]:
+                    guard: bool = True) -> list[BaseMessage]:
     option_text = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options[: len(LETTERS)]))
-    rule = FORMAT_RULES[fmt] if fmt != "open" else FORMAT_RULES[OPEN_RULE[style]]
     return prompts.messages(
         "answer",
-        format_rule=rule,
+        format_rule=FORMAT_RULES[fmt],
         memory=memory_block(signature, evidence, guard),
         passages=passages_block(chunks, guard),
         question=question,
         options=option_text,
     )
-
-
-OPEN_RULE: dict[str, str] = {"sentence": "open", "trim": "open", "phrase": "phrase", "extract": "phrase", "schema": "schema"}
-"""The format rule each ``open_answer`` style prompts with."""
-EXTRACT_OVER_WORDS = 5
-"""``open_answer=extract`` shortens only answers longer than this: a phrase is already short."""
-
-
-class ShortAnswer(BaseModel):
-    """``open_answer=schema``'s reply. The bounds live in the JSON schema only, where the embedded
-    model's grammar enforces them (as for Update): an answer cannot run on into a sentence."""
-
-    answer: str = Field("", json_schema_extra={"minLength": 1, "maxLength": 80})
-    passages: list[int] = Field(default_factory=list, json_schema_extra={"maxItems": 3})
 
 
 _YES_NO = re.compile(r"\s*(yes|no)\s*(?:[,.;:!]|$)", flags=re.IGNORECASE)
@@ -113,7 +86,7 @@ _COPULA = frozenset({"is", "was", "are", "were"})
 _EXPLAINED = re.compile(r"\s*(why|how(?!\s+(many|much|old|long|far|tall|big)\b))\b", flags=re.IGNORECASE)
 _JOINERS = frozenset({"of", "de", "da", "di", "du", "del", "der", "den", "van", "von", "la", "le", "ibn", "bin", "al", "and", "the"})
 TRIM_OVER_WORDS = 4
-"""``open_answer=trim`` leaves answers of at most this many words as they are."""
+"""``trimmed`` leaves open answers of at most this many words as they are."""
 
 
 def trimmed(answer: str, question: str) -> str:
@@ -192,35 +165,15 @@ def _with_markers(phrase: str, numbers: Sequence[str | int]) -> str:
     return f"{phrase} " + "".join(f"[{n}]" for n in dict.fromkeys(numbers))
 
 
-def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, style: OpenAnswer, question: str,
-         node: str, n_passages: int) -> tuple[str, str | None, dict[str, Any]]:
-    """One answer in ``style``: (the reply with [n] markers, its message id, usage).
-
-    ``trim`` cuts the reply with ``trimmed`` (no model call); ``schema`` decodes ``ShortAnswer``
-    under the grammar and writes it back as "phrase [n]"; ``extract`` asks a second, short call
-    for the phrase inside a long reply and keeps it only when it is a span of that reply (whole
-    words), so the step can shorten an answer but never change it.
-    """
-    if fmt == "open" and style == "schema":
-        parsed, raw = json_call(llm, messages, ShortAnswer)
-        if parsed is None or not parsed.answer.strip():
-            # Cut off or empty: the answer value if one can be read, else the reply as it came.
-            found = re.search(r'"answer"\s*:\s*"((?:[^"\\]|\\.)+)', raw.text)
-            return (found.group(1) if found else raw.text).strip(), raw.id, usage_of(raw, node)
-        text = _with_markers(parsed.answer.strip(), [n for n in parsed.passages if 1 <= n <= n_passages])
-        return text.strip(), raw.id, usage_of(raw, node)
+def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, question: str,
+         node: str) -> tuple[str, str | None, dict[str, Any]]:
+    """One answer: (the reply with [n] markers, its message id, usage). An open reply is cut with
+    ``trimmed``, which costs no model call and keeps the reply's citation markers."""
     raw = llm.invoke(messages)
     text, usage = raw.text.strip(), usage_of(raw, node)
     said = normalise_answer(text, fmt)
-    if fmt == "open" and style == "trim" and (short := trimmed(said, question)) != said:
+    if fmt == "open" and (short := trimmed(said, question)) != said:
         text = _with_markers(short, _CITE.findall(text))
-    elif fmt == "open" and style == "extract" and len(said.split()) > EXTRACT_OVER_WORDS:
-        short = llm.with_config(tags=["nostream"]).invoke(
-            prompts.messages("extract", question=question, answer=prompts.fence(said, tag="answer", guard=False)))
-        usage = merge_usage(usage, usage_of(short, node))
-        phrase = normalise_answer(short.text, fmt).strip(' "\'')
-        if re.search(r"\w", phrase) and _says(said, phrase):
-            text = _with_markers(phrase, _CITE.findall(text))
     return text.strip(), raw.id, usage
 
 
@@ -324,15 +277,15 @@ def without_sources(reply: str) -> str:
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
              options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-             node: str = "generate", guard: bool = True, style: OpenAnswer = "trim") -> dict[str, Any]:
+             node: str = "generate", guard: bool = True) -> dict[str, Any]:
     """Answer and the state update every graph's final node returns.
 
     With ``guard``, an open answer traced to an instruction in the material (``injection.planted``)
     is rejected: the model answers once more without the suspect sentences, and if that answer is
     traced too, the reply says no reliable answer was found. Clean material never pays the retry.
     """
-    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard, style),
-                                   fmt, style, question, node, len(chunks))
+    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard),
+                                   fmt, question, node)
     answer = normalise_answer(text, fmt, len(options))
     report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
     material = [c["text"] for c in chunks] + list(signature)  # the source's text, not the model's notes
@@ -342,7 +295,7 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
         stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
         text, message_id, retry_usage = _ask(
             llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature], evidence,
-                                 guard, style), fmt, style, question, node, len(chunks))
+                                 guard), fmt, question, node)
         usage = merge_usage(usage, retry_usage)
         answer = normalise_answer(text, fmt, len(options))
         if injection.planted(answer, material, (question,), known):

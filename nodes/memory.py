@@ -22,14 +22,14 @@ from langgraph.config import get_stream_writer
 from langgraph.runtime import Runtime
 from pydantic import BaseModel, Field, field_validator
 
-import prompts
-from nodes import resources
-from nodes.answer import generate, options_for, usage_of
-from nodes.context import Context
-from nodes.state import MemoryState
-from stores.bm25 import BM25Index, Window, source_text
-from stores.chat import json_call
-from stores.tokens import count_tokens, token_spans, truncate
+from mia import prompts
+from mia.nodes import resources
+from mia.nodes.answer import generate, options_for, usage_of
+from mia.nodes.context import InfMemSettings, MemAgentSettings, StreamingGraphSettings
+from mia.nodes.state import MemoryState
+from mia.stores.bm25 import BM25Index, Window, source_text
+from mia.stores.chat import json_call
+from mia.stores.tokens import count_tokens, token_spans, truncate
 
 TOP_K_RANGE = (3, 20)
 FALLBACK_TOP_K = 5
@@ -149,7 +149,7 @@ def _finish_step(event: str, entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [entry]
 
 
-def _rewrite(ctx: Context, template: str, node: str, **values: str) -> tuple[str, dict[str, Any]]:
+def _rewrite(ctx: StreamingGraphSettings, template: str, node: str, **values: str) -> tuple[str, dict[str, Any]]:
     """One memory-writing call: the new memory (bounded) and the call's usage."""
     llm = resources.chat_model(ctx, ctx.memory_tokens).with_config(tags=["nostream"])
     reply = llm.invoke(prompts.messages(template, limit=str(ctx.memory_tokens), words=str(ctx.memory_tokens * 3 // 4), **values))
@@ -158,7 +158,7 @@ def _rewrite(ctx: Context, template: str, node: str, **values: str) -> tuple[str
 
 # ---- nodes shared by both graphs -----------------------------------------------------------------
 
-def start_stream(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
+def start_stream(state: MemoryState, runtime: Runtime[StreamingGraphSettings]) -> dict[str, Any]:
     """Empty memory at the start of the source; counts the chunks so progress reads "t of T"."""
     source = source_text(resources.mindscape(runtime.context))
     return {
@@ -168,18 +168,17 @@ def start_stream(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any
     }
 
 
-def answer(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
+def answer(state: MemoryState, runtime: Runtime[StreamingGraphSettings]) -> dict[str, Any]:
     """Answer from the final memory alone, in the shared answer format (this call streams)."""
     ctx = runtime.context
     memory = state.get("memory", "")
     return generate(resources.chat_model(ctx), state["question"], [], ctx.answer_format,
-                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard,
-                    style=ctx.open_answer)
+                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard)
 
 
 # ---- memagent ----------------------------------------------------------------------------------
 
-def update_memory(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
+def update_memory(state: MemoryState, runtime: Runtime[MemAgentSettings]) -> dict[str, Any]:
     """MemAgent step: overwrite the memory from (question, memory, next chunk)."""
     ctx = runtime.context
     source = source_text(resources.mindscape(ctx))
@@ -200,7 +199,7 @@ def after_update(state: MemoryState) -> Literal["update_memory", "answer"]:
 
 # ---- infmem ------------------------------------------------------------------------------------
 
-def prethink(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
+def prethink(state: MemoryState, runtime: Runtime[InfMemSettings]) -> dict[str, Any]:
     """PreThink on (q, m_{t-1}, retrieval history), before this step's Write.
 
     STOP ends the step here: the chunk is skipped (the memory already suffices) and the
@@ -224,7 +223,7 @@ def prethink(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
             "trajectory": _finish_step("infmem_step", entry)}
 
 
-def after_prethink(state: MemoryState, runtime: Runtime[Context]) -> Literal["retrieve", "prethink", "answer"]:
+def after_prethink(state: MemoryState, runtime: Runtime[InfMemSettings]) -> Literal["retrieve", "prethink", "answer"]:
     if state["plan"]["decision"] == "SEARCH":
         return "retrieve"
     if state["stops"] >= runtime.context.stop_after or state["step"] >= state["segments"]:
@@ -232,7 +231,7 @@ def after_prethink(state: MemoryState, runtime: Runtime[Context]) -> Literal["re
     return "prethink"
 
 
-def retrieve(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
+def retrieve(state: MemoryState, runtime: Runtime[InfMemSettings]) -> dict[str, Any]:
     """BM25 over the whole source with PreThink's query and top_k, the current chunk excluded."""
     ctx = runtime.context
     index = BM25Index.for_collection(resources.mindscape(ctx), ctx.bm25_window, ctx.bm25_overlap)
@@ -245,7 +244,7 @@ def retrieve(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
     return {"windows": windows, "retrieval_history": [*state.get("retrieval_history", []), record]}
 
 
-def write(state: MemoryState, runtime: Runtime[Context]) -> dict[str, Any]:
+def write(state: MemoryState, runtime: Runtime[InfMemSettings]) -> dict[str, Any]:
     """Write: jointly compress retrieved passages + current chunk + memory under the bound."""
     ctx = runtime.context
     index = BM25Index.for_collection(resources.mindscape(ctx), ctx.bm25_window, ctx.bm25_overlap)

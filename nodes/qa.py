@@ -10,15 +10,16 @@ import numpy as np
 from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
-import prompts
-from nodes import resources
-from nodes.answer import generate as answer_with
-from nodes.answer import options_for, usage_of, without_sources
-from nodes.context import Context, resolved_sig_strategy
-from nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
-from nodes.signature import coverage_aware, first_k, summary_pool
-from nodes.state import QAState
-from stores.mindscape import ChunkHit
+from mia import prompts
+from mia.nodes import resources
+from mia.nodes.answer import generate as answer_with
+from mia.nodes.answer import options_for, usage_of, without_sources
+from mia.nodes.context import (CommonSettings, MiaRagSettings, RagSettings, SignatureGraphSettings, SignatureSettings,
+                               StaticSettings)
+from mia.nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
+from mia.nodes.signature import coverage_aware, first_k, summary_pool
+from mia.nodes.state import QAState
+from mia.stores.mindscape import ChunkHit
 
 
 class QuestionError(ValueError):
@@ -41,7 +42,7 @@ def question_of(state: dict[str, Any]) -> str:
     return question
 
 
-def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+def prepare(state: QAState, runtime: Runtime[CommonSettings]) -> dict[str, Any]:
     """Start a new question: fix it in the state and clear the previous turn's results on a thread.
 
     A follow-up on a thread ("and who was his wife?") is rewritten into a standalone question from
@@ -65,7 +66,7 @@ def prepare(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
     return update
 
 
-def standalone_question(history: list[Any], question: str, ctx: Context) -> tuple[str, dict[str, Any]]:
+def standalone_question(history: list[Any], question: str, ctx: CommonSettings) -> tuple[str, dict[str, Any]]:
     turns = "\n".join(f"{'User' if m.type == 'human' else 'Assistant'}: {without_sources(m.text)}" for m in history[-6:])
     llm = resources.chat_model(ctx, max_tokens=96).with_config(tags=["nostream"])
     # The conversation is the user's own words (and answers): nothing in it is cut as an instruction.
@@ -74,42 +75,40 @@ def standalone_question(history: list[Any], question: str, ctx: Context) -> tupl
     return rewritten, usage_of(reply, "prepare")
 
 
-def retrieve(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+def retrieve(state: QAState, runtime: Runtime[RagSettings]) -> dict[str, Any]:
     """Query-only RAG: the top_k chunks by the query vector."""
     ctx = runtime.context
     store = resources.mindscape(ctx)
-    embedder = resources.embedder(ctx, store)
-    query_vec = embedder.embed_query(state["question"])
+    query_vec = resources.embedder(store).embed_query(state["question"])
     hits = query_only(store, query_vec, ctx.top_k, text=state["question"], fusion=Fusion.of(ctx),
                       depth=ctx.candidates, for_signature=False)
     return {"retrieved": as_scored(hits)}
 
 
-def init_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+def init_signature(state: QAState, runtime: Runtime[MiaRagSettings]) -> dict[str, Any]:
     """Step 0 (E1, K0 candidates) and the signature selected from the summaries they light up."""
-    return initial_signature(state["question"], runtime.context, default="coverage")
+    return initial_signature(state["question"], runtime.context)
 
 
-def initial_signature(question: str, ctx: Context, default: str) -> dict[str, Any]:
-    """σ_0 and the step-0 ranking; ``default`` is the InitSignature variant used when the context says auto."""
+def initial_signature(question: str, ctx: SignatureGraphSettings) -> dict[str, Any]:
+    """σ_0 and the step-0 ranking."""
     store = resources.mindscape(ctx)
-    query_vec = resources.embedder(ctx, store).embed_query(question)
+    query_vec = resources.embedder(store).embed_query(question)
     step0 = query_only(store, query_vec, ctx.k0, text=question, fusion=Fusion.of(ctx), depth=ctx.candidates)
-    return {"step0": as_scored(step0), "signature": select_signature(store, question, query_vec, step0, ctx, default),
+    return {"step0": as_scored(step0), "signature": select_signature(store, question, query_vec, step0, ctx),
             "snapshot": resources.share(store)}
 
 
-def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[ChunkHit], ctx: Context,
-                     default: str) -> list[dict[str, Any]]:
-    """InitSignature over the ranked step-0 hits; ``default`` is the variant used when the context says auto."""
+def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[ChunkHit],
+                     ctx: SignatureGraphSettings) -> list[dict[str, Any]]:
+    """InitSignature (``signature_init``) over the ranked step-0 hits."""
     covered = [h for h in step0 if h.summary_id]
     ranked_summaries = [h.summary_id for h in covered]
     if step0 and not covered:
         raise resources.MindscapeError(
             f"collection {store.name!r} has no session summaries: re-ingest it with --summarizer llm or extractive"
         )
-    variant = default if ctx.signature_init == "auto" else ctx.signature_init
-    if variant == "first_k":
+    if ctx.signature_init == "first_k":
         picks = first_k(ranked_summaries, ctx.k_sum)
     else:
         pool, coverage = summary_pool(ranked_summaries)
@@ -120,7 +119,7 @@ def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[
              "coverage": round(p.coverage, 6), "diversity": round(p.diversity, 6)} for p in picks]
 
 
-def selection_vectors(store: Any, ctx: Context, question: str, query_vec: np.ndarray, pool: Sequence[str],
+def selection_vectors(store: Any, ctx: SignatureSettings, question: str, query_vec: np.ndarray, pool: Sequence[str],
                       covered: Sequence[ChunkHit]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(e_q, summary vectors, chunk vectors) for the selection objective: the collection's own
     vectors, or those of ``selection_embedder`` (the paper's BGE-M3), which embeds the question,
@@ -134,32 +133,38 @@ def selection_vectors(store: Any, ctx: Context, question: str, query_vec: np.nda
     return encoder.embed_query(question), encoder.embed_documents(summaries), encoder.embed_documents(chunks)
 
 
-def retrieve_with_signature(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
+def retrieve_with_signature(state: QAState, runtime: Runtime[MiaRagSettings]) -> dict[str, Any]:
     """E2 over the whole collection, conditioned on the question and the signature (``sig_strategy``); on the
     snapshot step 0 read, so the books' rows and the vectors it fetched are not read again."""
     ctx = runtime.context
     store = resources.mindscape(ctx, state.get("snapshot", ""))
-    embedder = resources.embedder(ctx, store)
+    embedder = resources.embedder(store)
     query_vec = embedder.embed_query(state["question"])
     summary_ids = [s["id"] for s in state["signature"]]
-    hits = signature_ranking(ctx, resolved_sig_strategy(ctx, "mia_rag"), store, embedder, state["question"], query_vec,
-                             summary_ids, ctx.top_k)
+    hits = signature_ranking(ctx, store, embedder, state["question"], query_vec, summary_ids, ctx.top_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 
-def after_retrieval(state: QAState, runtime: Runtime[Context]) -> str:
+def after_retrieval(state: QAState, runtime: Runtime[StaticSettings]) -> str:
     """Route to the generator unless the run only wants the rankings."""
     return "end" if runtime.context.retrieval_only else "generate"
 
 
-def generate(state: QAState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Answer from the retrieved chunks, with the signature when answer_inputs asks for it."""
-    ctx = runtime.context
+def generate(state: QAState, runtime: Runtime[RagSettings]) -> dict[str, Any]:
+    """Answer from the retrieved chunks alone."""
+    return _answer(state, runtime.context, with_signature=False)
+
+
+def generate_with_signature(state: QAState, runtime: Runtime[MiaRagSettings]) -> dict[str, Any]:
+    """Answer from the retrieved chunks, and the signature's summaries under answer_inputs chunks+sig."""
+    return _answer(state, runtime.context, with_signature=runtime.context.answer_inputs == "chunks+sig")
+
+
+def _answer(state: QAState, ctx: CommonSettings, with_signature: bool) -> dict[str, Any]:
     store = resources.mindscape(ctx)
     chunks = store.chunk_records([r["id"] for r in state.get("retrieved", [])])
-    with_sig = ctx.answer_inputs in ("chunks+sig", "chunks+sig+evi") and state.get("signature")
-    signature = [r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])] if with_sig else []
+    sig_ids = [s["id"] for s in state.get("signature") or []] if with_signature else []
+    signature = [r["text"] for r in store.summary_records(sig_ids)] if sig_ids else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
-                       options_for(state, ctx), signature=signature, guard=ctx.injection_guard,
-                       style=ctx.open_answer)
+                       options_for(state, ctx), signature=signature, guard=ctx.injection_guard)
 

@@ -12,10 +12,10 @@ from collections import OrderedDict
 
 from langchain_core.language_models import BaseChatModel
 
-from nodes.context import Context
-from stores.chat import load_chat_model
-from stores.embeddings import Embedder, load_embedder
-from stores.mindscape import Mindscape, MindscapeError
+from mia.nodes.context import CommonSettings, SignatureSettings
+from mia.stores.chat import load_chat_model
+from mia.stores.embeddings import Embedder, load_embedder
+from mia.stores.mindscape import Mindscape, MindscapeError
 
 
 SHARED_SNAPSHOTS = 64
@@ -24,7 +24,7 @@ _SHARED: OrderedDict[str, Mindscape] = OrderedDict()
 _SHARED_LOCK = threading.Lock()
 
 
-def mindscape(ctx: Context, snapshot: str = "") -> Mindscape:
+def mindscape(ctx: CommonSettings, snapshot: str = "") -> Mindscape:
     """The run's collection, read afresh; or, given the ``snapshot`` token an earlier node of the
     same run got from ``share``, that node's instance while this process still holds it.
 
@@ -55,26 +55,18 @@ def share(store: Mindscape) -> str:
     return token
 
 
-def embedder(ctx: Context, store: Mindscape | None = None) -> Embedder:
-    """The collection's own embedder: querying with another model would compare unrelated spaces."""
-    model = load_embedder(ctx.embedder)
-    if store is not None and store.embedder and store.embedder != model.name:
-        if store.embedder == "all-MiniLM-L6-v2":
-            return load_embedder("minilm")
-        if store.embedder == "use-multilingual-v3":
-            return load_embedder("use")
-        raise MindscapeError(
-            f"collection {store.name!r} was built with embedder {store.embedder!r} but the run uses {model.name!r}: "
-            "set `embedder` to the collection's"
-        )
-    return model
+def embedder(store: Mindscape) -> Embedder:
+    """The embedder the collection recorded at ingestion, not a run setting: querying with another
+    model would compare unrelated spaces. A collection that recorded none is read with the
+    ingestion default (``MIA_EMBEDDINGS``)."""
+    return load_embedder(store.embedder)
 
 
-def selection_embedder(ctx: Context) -> Embedder:
+def selection_embedder(ctx: SignatureSettings) -> Embedder:
     """The embedder that scores the signature selection when ``selection_embedder`` names one
     (loaded once per process); it reads texts, so it need not match the collection's."""
     return load_embedder(ctx.selection_embedder)
 
 
-def chat_model(ctx: Context, max_tokens: int | None = None) -> BaseChatModel:
+def chat_model(ctx: CommonSettings, max_tokens: int | None = None) -> BaseChatModel:
     return load_chat_model(ctx.chat_base_url, ctx.chat_model, max_tokens or ctx.max_new_tokens)

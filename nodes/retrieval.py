@@ -1,7 +1,7 @@
 """E1 (query-only) and E2 (query + signature: the trained head, or Eq. 4) retrieval over a whole mindscape.
 
 E2's score s(c) = (1 − α)·e_q·e_c + α·s_sig(c) is linear in the chunk vector for the
-``centroid``, ``concat`` and ``mia`` strategies (each gives s_sig(c) = e_σ·e_c for some vector
+``centroid`` and ``mia`` strategies (each gives s_sig(c) = e_σ·e_c for some vector
 e_σ), so the top of the ranking over the WHOLE collection is one nearest-neighbour search with
 v = (1 − α)·e_q + α·e_σ. The candidates it returns are then rescored exactly, which also undoes
 any approximation of the vector index within the candidate set.
@@ -25,11 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
-from nodes.context import Context, SigStrategy
-from stores.bm25 import ChunkIndex
-from stores.embeddings import Embedder
-from stores.mindscape import ChunkHit, Mindscape, MindscapeError
-from stores.signature_head import EVIDENCE, SignatureHead, load_head
+from mia.nodes.context import RetrievalSettings, SigStrategy, SignatureGraphSettings
+from mia.stores.bm25 import ChunkIndex
+from mia.stores.embeddings import Embedder
+from mia.stores.mindscape import ChunkHit, Mindscape, MindscapeError
+from mia.stores.signature_head import EVIDENCE, SignatureHead, load_head
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Fusion:
     """Whether BM25 matches words by their Snowball English stems (``bm25_stemming``)."""
 
     @classmethod
-    def of(cls, ctx: Context) -> Fusion | None:
+    def of(cls, ctx: RetrievalSettings) -> Fusion | None:
         """The context's fusion, or None for dense retrieval."""
         return cls(ctx.bm25_weight, ctx.rrf_k, ctx.bm25_stemming) if ctx.retriever == "hybrid" else None
 
@@ -124,8 +124,8 @@ def signature_text(store: Mindscape, summary_ids: Sequence[str]) -> str:
 
 def signature_vector(
     strategy: SigStrategy, store: Mindscape, embedder: Embedder, query: str, summary_ids: Sequence[str]
-) -> tuple[np.ndarray, dict[str, object]]:
-    """e_σ for the chosen strategy, plus notes for --explain (e.g. whether concat was truncated)."""
+) -> np.ndarray:
+    """e_σ for a strategy linear in the chunk vector (centroid or mia)."""
     if not summary_ids:
         raise MindscapeError(
             f"collection {store.name!r} has no session summaries to build a signature from: "
@@ -133,24 +133,16 @@ def signature_vector(
         )
     if strategy == "centroid":
         centroid = store.vectors("summaries", summary_ids).mean(axis=0)
-        return centroid / max(float(np.linalg.norm(centroid)), 1e-12), {}
-    text = signature_text(store, summary_ids)
-    if strategy == "concat":
-        joined = f"{query}\n{text}"  # the query first, so any truncation cuts summaries, not the question
-        notes: dict[str, object] = {}
-        if embedder.count_tokens and embedder.max_tokens:
-            used = embedder.count_tokens(joined)
-            notes = {"concat_tokens": used, "truncated": used > embedder.max_tokens}
-        return embedder.embed_query(joined), notes
+        return centroid / max(float(np.linalg.norm(centroid)), 1e-12)
     if strategy == "mia":
         model = embedder.model
         if not hasattr(model, "embed_query_with_signature"):
             raise MindscapeError(
-                "sig_strategy 'mia' needs a decoder embedder in the MiA-Emb format (embedder decoder:PATH); "
-                f"the collection uses {embedder.name!r}"
+                "sig_strategy 'mia' needs a collection built with a decoder embedder in the MiA-Emb format "
+                f"(MIA_EMBEDDINGS=decoder:PATH at ingestion); the collection uses {embedder.name!r}"
             )
-        vec = np.asarray(model.embed_query_with_signature(query, text), dtype=np.float32)
-        return vec / max(float(np.linalg.norm(vec)), 1e-12), {}
+        vec = np.asarray(model.embed_query_with_signature(query, signature_text(store, summary_ids)), dtype=np.float32)
+        return vec / max(float(np.linalg.norm(vec)), 1e-12)
     raise ValueError(f"unknown sig_strategy {strategy!r}")
 
 
@@ -276,13 +268,13 @@ def trained_signature(
     return [Scored(ids[i], float(score[i]), float(s_qry[i]), float(score[i] - base[i])) for i in order[:k]]
 
 
-def signature_ranking(ctx: Context, strategy: str, store: Mindscape, embedder: Embedder, question: str,
+def signature_ranking(ctx: SignatureGraphSettings, store: Mindscape, embedder: Embedder, question: str,
                       query_vec: np.ndarray, summary_ids: Sequence[str], k: int) -> list[Scored]:
-    """E2 under ``strategy`` (the context's ``sig_strategy``, resolved for the graph): the top k
-    chunks for the question and its signature (mia_rag's E2, the agents' Retrieve, the retrieval bench)."""
+    """E2 under the run's ``sig_strategy``: the top k chunks for the question and its signature
+    (mia_rag's E2, mia_agent's Retrieve, the retrieval bench)."""
     fusion = Fusion.of(ctx)
-    if strategy == "trained":
+    if ctx.sig_strategy == "trained":
         return trained_signature(store, load_head(ctx.sig_weights), query_vec, summary_ids, ctx.delta, k, ctx.candidates,
                                  text=question, fusion=fusion)
-    sig_vec, _ = signature_vector(strategy, store, embedder, question, summary_ids)
+    sig_vec = signature_vector(ctx.sig_strategy, store, embedder, question, summary_ids)
     return dual_signal(store, query_vec, sig_vec, ctx.alpha, k, ctx.candidates, text=question, fusion=fusion)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from prompts import injection
+from mia.prompts import injection
 
 _HERE = Path(__file__).parent
 _SECTION = re.compile(r"^# (system|user)\s*$", flags=re.MULTILINE)

@@ -23,7 +23,7 @@ runs of CJK characters become their single characters plus their adjacent bigram
 for recall, bigrams for the precision that Chinese words (mostly two characters) need. The chunk
 index may also reduce each word to its Snowball English stem (PyStemmer), so "carted" meets
 "cart" and "wounded" meets "wound": the ``bm25_stemming`` setting, on by default since it was
-chosen on the fairy-tale train and validation questions (``evals/tune_lexical.py``). InfMem's
+chosen on the fairy-tale train and validation questions. InfMem's
 in-document windows keep whole words, as measured in its reports.
 """
 
@@ -45,9 +45,9 @@ import numpy as np
 import Stemmer
 from bm25s.tokenization import STOPWORDS_EN
 
-from stores.mindscape import Mindscape
-from stores.settings import mia_home
-from stores.tokens import token_spans
+from mia.stores.mindscape import Mindscape
+from mia.stores.settings import mia_home
+from mia.stores.tokens import token_spans
 
 TOKENIZER_VERSION = "words+cjk12-v1"
 STEMMED = "+snowball-en"

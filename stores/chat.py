@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stores.settings import Settings, mia_home, offline_environment, writable_dir
+from mia.stores.settings import Settings, mia_home, offline_environment, writable_dir
 
 MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 MODEL_SIZE = 491_400_064
@@ -126,7 +126,9 @@ class LlamaCppChat(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model": EMBEDDED_NAME, "temperature": self.temperature}
 
-    def _llama(self) -> tuple[Any, threading.Lock]:
+    def llama(self) -> tuple[Any, threading.Lock]:
+        """The llama.cpp model behind this chat model (shared per file and settings) and the lock that
+        serialises its calls: ``mia bench llm`` reads its counters."""
         return _load_llama(self.model_path, self.n_ctx, self.seed, self.flash_attn)
 
     def _set_threads(self, llama: Any) -> None:
@@ -157,7 +159,7 @@ class LlamaCppChat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        llama, lock = self._llama()
+        llama, lock = self.llama()
         with lock:
             self._set_threads(llama)
             result = llama.create_chat_completion(messages=self._convert(messages), **self._params(stop, kwargs))
@@ -180,7 +182,7 @@ class LlamaCppChat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        llama, lock = self._llama()
+        llama, lock = self.llama()
         prompt_messages = self._convert(messages)
         with lock:
             self._set_threads(llama)
@@ -198,7 +200,7 @@ class LlamaCppChat(BaseChatModel):
                     run_manager.on_llm_new_token(delta, chunk=chunk)
                 yield chunk
             # llama.cpp streams no usage; count the prompt with the model's own tokenizer.
-            prompt_tokens = len(llama.tokenize(_render(prompt_messages).encode("utf-8"), add_bos=False, special=True))
+            prompt_tokens = len(llama.tokenize(render_chatml(prompt_messages).encode("utf-8"), add_bos=False, special=True))
         yield ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
@@ -211,8 +213,9 @@ class LlamaCppChat(BaseChatModel):
         )
 
 
-def _render(messages: list[dict[str, str]]) -> str:
-    """Qwen's ChatML framing, used only to count streamed prompts' tokens."""
+def render_chatml(messages: list[dict[str, str]]) -> str:
+    """Qwen's ChatML framing: what streamed prompts' tokens are counted on, and the prompt ``mia bench
+    llm`` gives the bare library."""
     body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return body + "<|im_start|>assistant\n"
 

@@ -24,7 +24,7 @@ from typing import Callable, Literal
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from stores.tokens import count_tokens, token_spans
+from mia.stores.tokens import count_tokens, token_spans
 
 Chunker = Literal["structure", "window"]
 CHUNKERS: tuple[str, ...] = ("structure", "window")

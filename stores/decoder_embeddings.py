@@ -2,7 +2,7 @@
 
 These models are causal LMs used as encoders, so the embedding is the last-layer hidden state of a
 chosen token rather than a mean over tokens. MiA-Emb additionally reads a query *and* a signature in
-one pass and mixes two of its hidden states (MiA-Signature paper, Appendix B; DESIGN.md §3):
+one pass and mixes two of its hidden states (MiA-Signature paper, Appendix B; docs/design.md §3):
 
 * ``h_q`` at the ``<|endoftext|>`` that closes the query. Causal attention means it has seen the
   instruction and the query but none of the signature, so it is exactly the query-only embedding.

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 from langchain_core.embeddings import Embeddings
 
-from stores.settings import Settings, offline_environment
+from mia.stores.settings import Settings, offline_environment
 
 QUERY_CACHE = 256
 
@@ -115,16 +115,23 @@ def _huggingface(name: str, path: str) -> Embedder:
     )
 
 
+RECORDED_NAMES = {"all-MiniLM-L6-v2": "minilm", "use-multilingual-v3": "use"}
+"""The embedded models' specs by the names collections record for them (``Embedder.name``)."""
+
+
 def load_embedder(spec: str = "") -> Embedder:
     """Resolve an embedder spec: ``minilm`` (default), ``use``, ``openai:MODEL``, ``decoder:PATH``
     (a Qwen3-style decoder embedder, MiA-Emb format), ``bge-m3:PATH`` (BGE-M3's CLS vectors) or a
-    local Hugging Face model folder.
+    local Hugging Face model folder; or the name a collection recorded for its embedder
+    (``Mindscape.embedder``: all-MiniLM-L6-v2, use-multilingual-v3, hf:PATH), so that a question
+    graph queries a collection with the model that built it.
 
     An empty spec means MIA_EMBEDDINGS, read on every call: resolving it inside the cache would
     keep answering with whichever model the variable named first.
     """
     offline_environment()
-    return _load_embedder(spec or Settings().embeddings or "minilm")
+    spec = spec or Settings().embeddings or "minilm"
+    return _load_embedder(RECORDED_NAMES.get(spec, spec.removeprefix("hf:")))
 
 
 @lru_cache(maxsize=4)
@@ -168,13 +175,13 @@ def _build_embedder(spec: str) -> Embedder:
         )
         return Embedder(name=spec, model=model)
     if spec.startswith("bge-m3:"):
-        from stores.bge_m3 import BGEM3Embeddings
+        from mia.stores.bge_m3 import BGEM3Embeddings
 
         model = BGEM3Embeddings(spec.removeprefix("bge-m3:"))
         special = model.tokenizer.num_special_tokens_to_add(pair=False)
         return Embedder(name=spec, model=model, max_tokens=model.max_length - special, count_tokens=model.count_tokens)
     if spec.startswith("decoder:"):
-        from stores.decoder_embeddings import DecoderEmbeddings
+        from mia.stores.decoder_embeddings import DecoderEmbeddings
 
         path = spec.removeprefix("decoder:")
         model = DecoderEmbeddings(path)

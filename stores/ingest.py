@@ -20,15 +20,16 @@ import numpy as np
 from langchain_core.language_models import BaseChatModel
 from tqdm import tqdm
 
-from prompts.injection import encode, instruction_spans, suspect_ranges, within
-from stores import summaries as summ
-from stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
-from stores.embeddings import Embedder
-from stores.front_matter import find_body
-from stores.mindscape import PENDING, Mindscape, MindscapeError, chroma_client, list_mindscapes, session_id, validate_name
-from stores.summaries import SummaryCache
-from stores.tokens import count_tokens
-from stores.writer_lock import store_path, writer_lock
+from mia.prompts.injection import encode, instruction_spans, suspect_ranges, within
+from mia.stores import summaries as summ
+from mia.stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
+from mia.stores.embeddings import Embedder, load_embedder
+from mia.stores.front_matter import find_body
+from mia.stores.mindscape import PENDING, Mindscape, MindscapeError, chroma_client, list_mindscapes, session_id, validate_name
+from mia.stores.settings import Settings
+from mia.stores.summaries import SummaryCache
+from mia.stores.tokens import count_tokens
+from mia.stores.writer_lock import settings_store_path, store_path, writer_lock
 
 SUPPORTED_SUFFIXES = (".txt", ".md")
 EMBED_BATCH = 64
@@ -190,6 +191,9 @@ def ingest(
     progress: bool = True,
     on_progress: ProgressHook | None = None,
 ) -> IngestReport:
+    """Ingestion with models and a store the caller already holds (evaluations and benchmarks that
+    reuse one embedder across many collections, tests with a scripted chat model); applications
+    ingest through :func:`ingest_sources`, which loads what the options need."""
     validate_name(collection)
     options.validate()
     sources = collect_sources(paths)
@@ -198,6 +202,35 @@ def ingest(
     client = client if client is not None else chroma_client()
     with writer_lock(store_path(client)):
         return _ingest(sources, collection, embedder, options, llm, client, cache, _Progress(progress, on_progress))
+
+
+def ingest_sources(
+    paths: Sequence[str | Path],
+    collection: str,
+    options: IngestOptions = IngestOptions(),
+    *,
+    embedder_spec: str = "",
+    progress: bool = True,
+    on_progress: ProgressHook | None = None,
+) -> IngestReport:
+    """Ingest into the store the settings name, loading the models ``options`` need: the one way the
+    command line, the server's ``ingest`` graph and the test servers ingest, so they cannot drift.
+
+    Everything that can be refused cheaply is refused before a model loads (seconds, or minutes for
+    the chat model): bad options, name or sources, a store another writer holds, a store that
+    cannot be opened. The chat model is loaded only for a summarizer that calls it.
+    """
+    from mia.stores.chat import load_chat_model  # looked up per call, so a test can stand in for the model
+
+    validate_name(collection)
+    options.validate()
+    sources = collect_sources(paths)
+    settings = Settings()
+    with writer_lock(settings_store_path(settings)):
+        client = chroma_client(settings)
+        llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
+        embedder = load_embedder(embedder_spec)
+        return _ingest(sources, collection, embedder, options, llm, client, None, _Progress(progress, on_progress))
 
 
 def _ingest(sources: list[Source], collection: str, embedder: Embedder, options: IngestOptions,
@@ -243,7 +276,7 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
 
 
 def _model_name(llm: BaseChatModel | None) -> str:
-    from stores.chat import chat_model_name
+    from mia.stores.chat import chat_model_name
 
     return chat_model_name(llm) if llm is not None else ""
 

@@ -28,8 +28,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from stores.settings import Settings, offline_environment, writable_dir
-from stores.writer_lock import store_path, writer_lock
+from mia.stores.settings import Settings, offline_environment, writable_dir
+from mia.stores.writer_lock import store_path, writer_lock
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
 SUFFIXES = ("__chunks", "__summaries", "__books", "__texts")

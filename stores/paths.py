@@ -1,4 +1,5 @@
-"""Which files a remote caller may make the server read: only files below one data root.
+"""Which files a remote caller may make the server read: only files below the data root, and the
+files uploaded to the collection being filled.
 
 A server that ingests paths sent by its callers would otherwise read any file its process can
 (``/etc/passwd``, another user's notes, the server's own keys). Paths are therefore relative to a
@@ -12,7 +13,8 @@ import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Iterable, Sequence
 
-from stores.settings import data_root
+from mia.stores.mindscape import MindscapeError, validate_name
+from mia.stores.settings import data_root, mia_home
 
 ROOT_ENV = "MIA_INGEST_ROOT"
 
@@ -25,6 +27,29 @@ def ingest_root() -> Path:
     """The folder ingestion through the server reads from: ``MIA_INGEST_ROOT``, else the data root."""
     raw = os.environ.get(ROOT_ENV, "").strip()
     return Path(raw).expanduser() if raw else data_root()
+
+
+def upload_root(collection: str) -> Path:
+    """Where the files uploaded to ``collection`` are kept: ``$MIA_HOME/uploads/COLLECTION``.
+
+    One folder per collection, so a caller allowed to fill a collection can make the server read
+    back what was uploaded to that collection and nothing else; the name is checked first because
+    it becomes part of the path.
+    """
+    try:
+        validate_name(collection)
+    except MindscapeError as exc:
+        raise PathError(str(exc)) from None
+    return mia_home() / "uploads" / collection
+
+
+def uploads_of(collection: str) -> Path:
+    """:func:`upload_root` as a root to read from: a collection nothing was uploaded to has none,
+    which says more than the missing folder's path would."""
+    folder = upload_root(collection)
+    if not folder.is_dir():
+        raise PathError(f"collection {collection!r} has no uploaded files: upload them first")
+    return folder
 
 
 def resolve_under(root: Path, relative: str) -> Path:
@@ -87,3 +112,18 @@ def files_under(root: Path, relatives: Sequence[str], suffixes: Iterable[str]) -
         if not matched:
             raise PathError(f"ingest folder {relative!r} holds no {'/'.join(wanted)} files")
     return list(found)
+
+
+def ingest_files(collection: str, paths: Sequence[str], uploads: Sequence[str], suffixes: Iterable[str]) -> list[Path]:
+    """The files an ingest request names, each checked against its own root: ``paths`` under the
+    data root, ``uploads`` in ``collection``'s upload folder (:func:`upload_root`).
+
+    Two roots rather than the uploads folder inside the data root: the data root is shared and may
+    be read-only, while uploads belong to the collection they were sent to.
+    """
+    if not paths and not uploads:
+        raise PathError("no ingest paths given: pass `paths` relative to the data root or `uploads` of the collection")
+    found = files_under(ingest_root(), paths, suffixes) if paths else []
+    if uploads:
+        found += files_under(uploads_of(collection), uploads, suffixes)
+    return list(dict.fromkeys(found))

@@ -1,7 +1,7 @@
 """Process-wide settings read from the environment.
 
-Graph runs carry their own typed context (``nodes.context.Context``); these are the defaults that
-context falls back to, and what the CLI and ingestion use. One place, so that the README's
+Graph runs carry their own typed settings (``nodes.context``, one class per graph); these are the
+defaults those fall back to, and what the CLI and ingestion use. One place, so that the README's
 configuration table and the code cannot drift apart.
 """
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 from langchain_core.language_models import BaseChatModel
 
-import prompts
-from stores.embeddings import Embedder
-from stores.settings import mia_home, writable_dir
-from stores.tokens import count_tokens, truncate
+from mia import prompts
+from mia.stores.embeddings import Embedder
+from mia.stores.settings import mia_home, writable_dir
+from mia.stores.tokens import count_tokens, truncate
 
 SUMMARY_WORDS = 120
 EXTRACTIVE = "extractive-v2"  # bump when the extractive method changes: it is part of the cache key

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tiktoken
 
-from stores.settings import offline_environment, writable_dir
+from mia.stores.settings import offline_environment, writable_dir
 
 ENCODING = "cl100k_base"
 _BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
 
-from stores.settings import Settings, writable_dir
+from mia.stores.settings import Settings, writable_dir
 
 LOCK_NAME = "mia-writer.lock"
 

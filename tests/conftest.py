@@ -9,15 +9,20 @@ test stories: building it is the slowest part of the fast tests, and most tests 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 
-from stores.settings import data_root
+from mia.stores.settings import data_root
 
 STORIES = ("golden-goose", "fox-and-wolf", "how-molo-stole-the-lovely-rose-red")
 """Three short test-split stories (~5k words together): small enough to embed in seconds on two
@@ -71,7 +76,7 @@ class CliResult:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]):
     """Run ``mia ARGS...`` in-process and return its exit code and captured output."""
-    import mia_cli
+    from mia.graph import cli as mia_cli
 
     def run(*argv: str) -> CliResult:
         capsys.readouterr()
@@ -80,6 +85,55 @@ def cli(capsys: pytest.CaptureFixture[str]):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+NO_HARNESS = '''
+import sys
+
+
+class NoHarness:
+    """Refuse the evaluation package, as an install without it would."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mia.evals" or name.startswith("mia.evals."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoHarness())
+'''
+
+
+@pytest.fixture
+def without_harness(tmp_path: Path) -> dict[str, str]:
+    """An environment whose Python processes cannot import ``mia.evals``, as on an install without
+    the harness: a ``sitecustomize`` on PYTHONPATH, inherited by every child process."""
+    folder = tmp_path / "no-harness"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(NO_HARNESS, encoding="utf-8")
+    return {**os.environ, "PYTHONPATH": str(folder)}
+
+
+def mia(env: dict[str, str], *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the ``mia`` command line in a child process with ``env``."""
+    return subprocess.run([sys.executable, "-m", "mia.graph.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def mia_serve(env: dict[str, str], port: int, log: Path, timeout: float = 180) -> subprocess.Popen[bytes]:
+    """Start ``mia serve`` on ``port`` in a child process and return it once ``/ok`` answers; the
+    test stops it. Fails with the end of the server's log if it is not ready within ``timeout``."""
+    with log.open("wb") as handle:
+        server = subprocess.Popen([sys.executable, "-m", "mia.graph.cli", "serve", "--port", str(port)], env=env,
+                                  stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/ok", timeout=2).status_code == 200:
+                return server
+        time.sleep(0.5)
+    server.kill()
+    pytest.fail(f"mia serve was not ready: {log.read_text()[-2000:]}")
 
 
 requires_data = pytest.mark.skipif(
@@ -98,7 +152,7 @@ def isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         os.environ.pop(key, None)
     os.environ["MIA_HOME"] = str(home)
     os.environ["TIKTOKEN_CACHE_DIR"] = str(home / "tiktoken")
-    from stores.settings import offline_environment
+    from mia.stores.settings import offline_environment
 
     offline_environment()
     yield home
@@ -109,7 +163,7 @@ def isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 @pytest.fixture(scope="session")
 def minilm():  # -> stores.embeddings.Embedder
     """The real MiniLM embedder, loaded once per session (a few seconds)."""
-    from stores.embeddings import load_embedder
+    from mia.stores.embeddings import load_embedder
 
     return load_embedder("minilm")
 
@@ -134,8 +188,8 @@ def tiny_collection(tmp_path_factory: pytest.TempPathFactory, minilm, isolated_e
     """
     if not fairytale_section_dir().is_dir():
         pytest.skip(f"shared data not found at {shared_data()}; set MIA_DATA")
-    from stores.ingest import IngestOptions, book_id, ingest
-    from stores.mindscape import Mindscape
+    from mia.stores.ingest import IngestOptions, book_id, ingest
+    from mia.stores.mindscape import Mindscape
 
     paths = write_stories(tmp_path_factory.mktemp("stories"))
     options = IngestOptions(chunk_size=TINY_CHUNK_SIZE, window=TINY_WINDOW, summarizer="extractive")
@@ -147,7 +201,7 @@ def tiny_collection(tmp_path_factory: pytest.TempPathFactory, minilm, isolated_e
 @pytest.fixture(scope="session")
 def embedded_model_file(isolated_environment: Path) -> Iterator[Path]:
     """The embedded GGUF, assembled once into the session's MIA_HOME and deleted afterwards (491 MB)."""
-    from stores.chat import embedded_model_path
+    from mia.stores.chat import embedded_model_path
 
     path = embedded_model_path()
     yield path

@@ -22,12 +22,12 @@ import sentence_transformers  # noqa: F401  (stores.embeddings imports it lazily
 from chromadb.api.models.Collection import Collection
 from chromadb.config import Settings as ChromaSettings
 
-from stores import mindscape as mindscape_module
-from stores.bm25 import ChunkIndex
-from stores.embeddings import load_embedder
-from stores.ingest import IngestOptions, ingest
-from stores.mindscape import Mindscape
-from stores.summaries import SummaryCache
+from mia.stores import mindscape as mindscape_module
+from mia.stores.bm25 import ChunkIndex
+from mia.stores.embeddings import load_embedder
+from mia.stores.ingest import IngestOptions, ingest
+from mia.stores.mindscape import Mindscape
+from mia.stores.summaries import SummaryCache
 
 OPTIONS = IngestOptions(chunk_size=80, window=3, summarizer="extractive")
 WRITE_BATCH = 3

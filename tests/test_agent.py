@@ -11,9 +11,9 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from nodes import resources
-from nodes.agent import UPDATE_TOKENS, UpdateOutput
-from nodes.context import Context
+from mia.nodes import resources
+from mia.nodes.agent import UPDATE_TOKENS, UpdateOutput
+from mia.nodes.context import MiaAgentSettings, context_from
 
 QUESTION = "What did the youngest son get from the little grey man?"
 
@@ -49,9 +49,9 @@ def script(monkeypatch: pytest.MonkeyPatch):
 
 
 def run(graph_name: str, tiny, **settings: Any) -> dict[str, Any]:
-    from graph.registry import load_graph
+    from mia.graph.registry import load_graph
 
-    ctx = Context(collection=tiny.name, **settings)
+    ctx = context_from(graph_name, {"collection": tiny.name, **settings})
     return load_graph(graph_name).invoke({"question": QUESTION}, context=ctx)
 
 
@@ -59,10 +59,10 @@ def full_state(graph_name: str, tiny, **settings: Any) -> tuple[dict[str, Any], 
     """Run on a checkpointed copy of the graph to read the whole state (ids, step, evidence)."""
     import importlib
 
-    builder = importlib.import_module(f"graph.{graph_name}").builder
+    builder = importlib.import_module(f"mia.graph.{graph_name}").builder
     graph = builder.compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
-    graph.invoke({"question": QUESTION}, config=config, context=Context(collection=tiny.name, **settings))
+    graph.invoke({"question": QUESTION}, config=config, context=context_from(graph_name, {"collection": tiny.name, **settings}))
     return graph.get_state(config).values, graph
 
 
@@ -141,7 +141,7 @@ def test_state_evolves_as_eq5(tiny_collection, script) -> None:
 
 
 def test_agent_never_reads_summaries(tiny_collection, script, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stores.mindscape import Mindscape
+    from mia.stores.mindscape import Mindscape
 
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the agent without signature read a summary")
@@ -152,7 +152,7 @@ def test_agent_never_reads_summaries(tiny_collection, script, monkeypatch: pytes
     scripted = script({"decision": "continue", "next_query": "goose", "new_evidence": []},
                       {"decision": "answer", "next_query": "", "new_evidence": [{"fact": "f", "chunks": ["C1"]}]},
                       "A goose")
-    state, _ = full_state("agent", tiny_collection, answer_inputs="chunks+sig+evi")
+    state, _ = full_state("agent", tiny_collection, answer_inputs="chunks+evi")
     assert state["step"] == 2 and state["answer"] == "A goose"
     assert not state.get("signature")
     assert "<summary id=" not in "".join(scripted.prompts)
@@ -167,12 +167,12 @@ def test_document_text_is_fenced_in_update_prompt(tiny_collection, script) -> No
 
 
 def test_streams_steps_and_only_generate_tokens(tiny_collection, script) -> None:
-    from graph.registry import load_graph
+    from mia.graph.registry import load_graph
 
     script(CONTINUE, ANSWER_NOW, "A golden goose it was")
     custom, token_nodes = [], set()
     for mode, chunk in load_graph("mia_agent").stream(
-        {"question": QUESTION}, context=Context(collection=tiny_collection.name), stream_mode=["custom", "messages"]
+        {"question": QUESTION}, context=MiaAgentSettings(collection=tiny_collection.name), stream_mode=["custom", "messages"]
     ):
         if mode == "custom":
             custom.append(chunk)
@@ -187,9 +187,9 @@ def test_thread_resumes_and_follow_up_resets_question(tiny_collection, script) -
     import importlib
 
     scripted = script(ANSWER_NOW, "A goose", "Whom did the youngest son marry?", ANSWER_NOW, "The princess")
-    graph = importlib.import_module("graph.mia_agent").builder.compile(checkpointer=InMemorySaver(), interrupt_before=["update"])
+    graph = importlib.import_module("mia.graph.mia_agent").builder.compile(checkpointer=InMemorySaver(), interrupt_before=["update"])
     config = {"configurable": {"thread_id": "resume"}}
-    ctx = Context(collection=tiny_collection.name)
+    ctx = MiaAgentSettings(collection=tiny_collection.name)
     graph.invoke({"messages": [HumanMessage(QUESTION)]}, config=config, context=ctx)
     assert graph.get_state(config).next == ("update",)
     graph.invoke(None, config=config, context=ctx)  # resume the interrupted thread
@@ -204,19 +204,6 @@ def test_thread_resumes_and_follow_up_resets_question(tiny_collection, script) -
     assert second["usage"]["by_node"]["prepare"]["llm_calls"] == 1
     assert second["step"] == 1 and len(second["trajectory"]) == 1
     assert [m.type for m in second["messages"]] == ["human", "ai", "human", "ai"]
-
-
-def test_auto_answer_inputs_rule(tiny_collection) -> None:
-    from nodes.agent import answer_inputs
-
-    store = tiny_collection.store
-    ids = store.book_chunk_ids(store.ordered_books()[0])
-    ctx = Context(collection=tiny_collection.name, answer_inputs="auto")
-    local = {"retrieved": [{"id": i} for i in ids[:5]], "signature": [{"id": "x"}], "evidence": []}
-    spread = {"retrieved": [{"id": i} for i in ids[::5][:5]], "signature": [{"id": "x"}], "evidence": [{"fact": "f"}]}
-    assert answer_inputs(local, ctx, store) == (False, False)
-    assert answer_inputs(spread, ctx, store) == (True, True)
-    assert answer_inputs(spread, Context(collection="x", answer_inputs="chunks+evi"), store) == (False, True)
 
 
 @pytest.mark.slow

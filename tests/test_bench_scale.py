@@ -1,14 +1,18 @@
-"""``mia bench scale``: the size steps and growth exponents by hand, and one small real run."""
+"""``mia bench scale`` and ``mia bench retrieval``: the size steps, growth exponents and per-node times
+by hand, and small real runs."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
-from evals.bench_scale import growth_exponent, prefix_ends
+from mia.evals.bench import MEMOISED, measure_retrieval, print_retrieval, timed_run
+from mia.evals.bench_scale import growth_exponent, prefix_ends
 from tests.conftest import requires_data, write_stories
 
 
@@ -48,3 +52,35 @@ def test_a_small_library_run_reports_every_figure(tmp_path: Path, cli) -> None:
     assert "goal ≤ 1.3" in result.out
     missing = cli("bench", "scale", "--books", str(books), "--held-out", "no-such-book", "--no-server")
     assert missing.code != 0 and "no-such-book" in missing.err
+
+
+class SleepingGraph:
+    """Streams one update per node after sleeping that node's time, as a compiled graph streams them."""
+
+    def __init__(self, nodes: dict[str, float]) -> None:
+        self.nodes = nodes
+
+    def stream(self, payload: dict[str, Any], context: Any, stream_mode: str) -> Iterator[dict[str, Any]]:
+        assert stream_mode == "updates" and payload == {"question": "q"}
+        for node, seconds in self.nodes.items():
+            time.sleep(seconds)
+            yield {node: {}}
+
+
+def test_each_node_is_timed_from_the_update_before_it() -> None:
+    stages = timed_run(SleepingGraph({"prepare": 0.0, "init_signature": 0.05, "retrieve": 0.02}), "q", None)
+    assert list(stages) == ["prepare", "init_signature", "retrieve", "total"]
+    assert stages["init_signature"] == pytest.approx(0.05, abs=0.03) and stages["retrieve"] == pytest.approx(0.02, abs=0.03)
+    assert stages["total"] >= sum(stages[n] for n in ("prepare", "init_signature", "retrieve"))
+
+
+@pytest.mark.slow
+def test_retrieval_bench_times_both_graphs_per_node(tiny_collection, capsys: pytest.CaptureFixture[str]) -> None:
+    result = measure_retrieval(tiny_collection.name, n_questions=2)
+    nodes = {"rag": ["prepare", "retrieve", "total"], "mia_rag": ["prepare", "init_signature", "retrieve", "total"]}
+    assert {system: list(stages) for system, stages in result["stages"].items()} == {
+        **nodes, **{f"{name}, {MEMOISED}": stages for name, stages in nodes.items()}}
+    assert all(stage["mean"] > 0 for stages in result["stages"].values() for stage in stages.values())
+    assert set(result["ratios"]) == {"graphs", "retrieval_nodes", "graphs_without_query_embedding"}
+    print_retrieval(result)
+    assert "ratio mia_rag / rag" in capsys.readouterr().out

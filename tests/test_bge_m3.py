@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaModel
 
-from stores.bge_m3 import BGEM3Embeddings
+from mia.stores.bge_m3 import BGEM3Embeddings
 from tests.conftest import STORIES, requires_data, story_text
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
@@ -80,7 +80,7 @@ def test_long_inputs_are_not_cut_at_flagembeddings_default_limit(model_dir: Path
 
 
 def test_a_missing_folder_is_named_without_trying_the_hub(tmp_path: Path) -> None:
-    from stores.embeddings import load_embedder
+    from mia.stores.embeddings import load_embedder
 
     with pytest.raises(ValueError, match=r"bge-m3:.*nowhere.*no model folder with a config.json"):
         load_embedder(f"bge-m3:{tmp_path / 'nowhere'}")
@@ -90,8 +90,8 @@ def test_a_missing_folder_is_named_without_trying_the_hub(tmp_path: Path) -> Non
 def test_mia_rag_scores_the_selection_with_the_selection_embedder(model_dir: Path, tiny_collection, minilm, cli) -> None:
     """The picks, with the relevance each was credited (λ_Q·e_q·e_s over the pool's max), are what
     coverage-aware selection makes of the tiny BGE-M3's vectors, not of the collection's MiniLM ones."""
-    from nodes.context import Context
-    from nodes.signature import coverage_aware, summary_pool
+    from mia.nodes.context import MiaRagSettings
+    from mia.nodes.signature import coverage_aware, summary_pool
 
     question = "Who hid the golden key?"
     result = cli("ask", question, "--collection", tiny_collection.name, "--graph", "mia_rag", "--json",
@@ -101,7 +101,7 @@ def test_mia_rag_scores_the_selection_with_the_selection_embedder(model_dir: Pat
     store = tiny_collection.store
     records = store.chunk_records([r["id"] for r in state["step0"]])
     pool, coverage = summary_pool([r["summary_id"] for r in records])
-    ctx = Context()
+    ctx = MiaRagSettings()
 
     def select(e_q: np.ndarray, e_s: np.ndarray, e_c: np.ndarray) -> list[tuple[str, float]]:
         picks = coverage_aware(e_q, pool, e_s, e_c, coverage, k=ctx.k_sum, lambdas=(ctx.lambda_q, ctx.lambda_c, ctx.lambda_d))

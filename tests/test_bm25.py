@@ -11,9 +11,9 @@ from pathlib import Path
 import chromadb
 import pytest
 
-from stores.bm25 import BM25Index, source_text, tokenize, window_spans
-from stores.mindscape import Mindscape
-from stores.tokens import count_tokens
+from mia.stores.bm25 import BM25Index, source_text, tokenize, window_spans
+from mia.stores.mindscape import Mindscape
+from mia.stores.tokens import count_tokens
 
 
 ENGLISH = " ".join(

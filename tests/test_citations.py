@@ -8,7 +8,7 @@ import pytest
 from langchain_core.language_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 
-from nodes.answer import citations, generate, reply_text, supporting_sentence, trimmed
+from mia.nodes.answer import citations, generate, reply_text, supporting_sentence, trimmed
 from tests.test_agent import ANSWER_NOW, run, script  # noqa: F401 - script is a fixture
 
 BOOK = ("Once upon a time there was a farmer. He had carted pears to market. "
@@ -64,7 +64,8 @@ def test_every_graph_grounds_its_answer_inside_a_retrieved_chunk(tiny_collection
         script("A golden goose")
     # Eight chunks: on this three-story toy (W = 4) the trained head, mia_rag's default, ranks the
     # golden-goose chunk 7th (rag 5th); what is checked here is the sentence chosen within them.
-    state = run(graph, tiny_collection, top_k=8, step_k=8, max_steps=1)
+    loop = {"step_k": 8, "max_steps": 1} if graph in ("agent", "mia_agent") else {}
+    state = run(graph, tiny_collection, top_k=8, **loop)
     assert state["citations"]
     retrieved = {r["id"]: r for r in tiny_collection.store.chunk_records([r["id"] for r in state["retrieved"]])}
     for cite in state["citations"]:
@@ -82,18 +83,18 @@ def test_quoted_sources_stay_out_of_the_follow_up_prompt(script) -> None:
     """A reply quotes document text; condensing a follow-up must not carry it into a prompt unguarded."""
     from langchain_core.messages import AIMessage, HumanMessage
 
-    from nodes.context import Context
-    from nodes.qa import standalone_question
+    from mia.nodes.context import RagSettings
+    from mia.nodes.qa import standalone_question
 
     scripted = script("What did the farmer cart to market?")
     quoted = reply_text("Pears", citations("Pears [1].", CHUNKS, "What had the farmer carted?", "Pears"))
     history = [HumanMessage("What had the farmer carted?"), AIMessage(quoted)]
-    question, _ = standalone_question(history, "And where to?", Context())
+    question, _ = standalone_question(history, "And where to?", RagSettings())
     assert question == "What did the farmer cart to market?"
     assert "Assistant: Pears" in scripted.prompts[0] and "He had carted pears" not in scripted.prompts[0]
 
 
-# --------------------------------------------------------------------------- short answers (open_answer)
+# --------------------------------------------------------------------------- short open answers (trimmed)
 
 
 class _Replies(GenericFakeChatModel):
@@ -106,46 +107,14 @@ class _Replies(GenericFakeChatModel):
         return super()._generate(messages, *args, **kwargs)
 
 
-def _generate_with(replies: list[str], style: str) -> tuple[dict[str, Any], _Replies]:
+def _generate_with(replies: list[str]) -> tuple[dict[str, Any], _Replies]:
     llm = _Replies(messages=iter(AIMessage(r) for r in replies), prompts=[])
-    return generate(llm, "What had the farmer carted to market?", CHUNKS, "open", style=style), llm
+    return generate(llm, "What had the farmer carted to market?", CHUNKS, "open"), llm
 
 
-def test_schema_style_writes_the_json_answer_back_as_a_cited_phrase() -> None:
-    out, llm = _generate_with(['{"answer": "pears", "passages": [1, 1]}'], "schema")
-    assert out["answer"] == "pears" and [c["n"] for c in out["citations"]] == [1]
-    assert out["citations"][0]["cited_by_model"] and out["messages"][0].content.startswith("pears [1]\n\nSources:")
-    assert '"answer"' in llm.prompts[0][0].content  # the rule asks for the JSON shape
-    # Unparseable JSON keeps the model's text as the answer rather than failing the run; JSON cut off
-    # at the token limit still gives its answer value.
-    assert _generate_with(["pears, I think"], "schema")[0]["answer"] == "pears, I think"
-    assert _generate_with(['{"answer": "pears", "passages": [1'], "schema")[0]["answer"] == "pears"
-    # Passage numbers outside the passages given are dropped, not written into the answer.
-    odd, _ = _generate_with(['{"answer": "pears", "passages": [-1, 7, 2]}'], "schema")
-    assert odd["answer"] == "pears" and [c["n"] for c in odd["citations"]] == [2]
-
-
-def test_extract_style_shortens_a_sentence_to_the_phrase_inside_it() -> None:
-    sentence = "The farmer had carted a load of pears to market [1]."
-    out, llm = _generate_with([sentence, "pears"], "extract")
-    assert out["answer"] == "pears" and out["usage"]["llm_calls"] == 2
-    assert out["messages"][0].content.startswith("pears [1]") and out["citations"][0]["n"] == 1
-    assert "<answer>" in llm.prompts[1][1].content  # the long answer goes in fenced, as data
-    # A "phrase" that is not in the answer is refused: the step may shorten, never change, an answer.
-    assert _generate_with([sentence, "apples"], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
-    # Nor is a piece of a word, or punctuation.
-    assert _generate_with([sentence, "ear"], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
-    assert _generate_with([sentence, ","], "extract")[0]["answer"] == "The farmer had carted a load of pears to market"
-    # A short answer is not sent for extraction.
-    short, llm = _generate_with(["pears [1]"], "extract")
-    assert short["answer"] == "pears" and short["usage"]["llm_calls"] == 1 and len(llm.prompts) == 1
-
-
-@pytest.mark.parametrize(("style", "words"), [("sentence", "a short phrase of a few words"), ("trim", "a short phrase of a few words"),
-                                              ("phrase", "never a whole sentence")])
-def test_each_style_prompts_its_rule(style: str, words: str) -> None:
-    _, llm = _generate_with(["pears [1]"], style)
-    assert words in llm.prompts[0][0].content
+def test_an_open_answer_is_asked_for_a_short_phrase() -> None:
+    _, llm = _generate_with(["pears [1]"])
+    assert "a short phrase of a few words" in llm.prompts[0][0].content
 
 
 @pytest.mark.parametrize(("answer", "question", "expected"), [
@@ -187,7 +156,7 @@ def test_trimmed_cuts_the_restated_question_away(answer: str, question: str, exp
     assert trimmed(answer, question) == expected
 
 
-def test_trim_style_keeps_the_citations_and_costs_no_call() -> None:
-    out, llm = _generate_with(["The farmer had carted to market Williams pears [1]."], "trim")
+def test_trim_keeps_the_citations_and_costs_no_call() -> None:
+    out, llm = _generate_with(["The farmer had carted to market Williams pears [1]."])
     assert out["answer"] == "Williams pears" and out["usage"]["llm_calls"] == 1 and len(llm.prompts) == 1
     assert out["messages"][0].content.startswith("Williams pears [1]\n\nSources:")

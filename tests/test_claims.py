@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from evals import report, runner
-from evals.datasets import DatasetError, build_custom
+from mia.evals import report, runner
+from mia.evals.datasets import DatasetError, build_custom
 from tests.conftest import requires_data, story_text
 
 STORY = "self-did-it"

@@ -144,7 +144,7 @@ def paused_writer(library: dict[str, Any], children: Children, tmp_path: Path) -
 def test_a_second_writer_is_refused_at_once_and_the_first_finishes(paused_writer: dict[str, Any], library: dict[str, Any],
                                                                      children: Children, isolated_environment: Path) -> None:
     store = paused_writer["store"]
-    second = subprocess.run([sys.executable, "-m", "mia_cli", "ingest", *map(str, library["paths"]["new"]), "--collection", "shelf",
+    second = subprocess.run([sys.executable, "-m", "mia.graph.cli", "ingest", *map(str, library["paths"]["new"]), "--collection", "shelf",
                              "--summarizer", "extractive"], env=_env(store), capture_output=True, text=True, timeout=60)
     assert second.returncode == 2, second.stderr
     message = second.stderr.strip().splitlines()[-1]
@@ -153,7 +153,7 @@ def test_a_second_writer_is_refused_at_once_and_the_first_finishes(paused_writer
     # How fast: evals/bench_lock.py (speed goals are benchmarks, not timed assertions).
 
     # Readers still work while the writer holds the lock, and see none of its half-written rows.
-    listing = subprocess.run([sys.executable, "-m", "mia_cli", "ls"], env=_env(store), capture_output=True, text=True, timeout=60)
+    listing = subprocess.run([sys.executable, "-m", "mia.graph.cli", "ls"], env=_env(store), capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0 and "shelf:" in listing.stdout and "unfinished ingestion (golden-goose)" in listing.stdout
     seen = children.call("read_everything", store, "shelf", QUERIES)[1]
     assert seen["foreign"] == [] and seen["unfinished"]["chunks"] > 0 and seen["returned"] > 0
@@ -174,7 +174,7 @@ def _env(store: Path) -> dict[str, str]:
 
 
 def test_the_lock_is_reentrant_in_a_thread_and_refused_to_another(tmp_path: Path) -> None:
-    from stores.writer_lock import StoreBusy, writer_lock
+    from mia.stores.writer_lock import StoreBusy, writer_lock
 
     outcome: list[str] = []
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import evals.datasets as datasets
-from evals.datasets import (
+from mia.evals import datasets as datasets
+from mia.evals.datasets import (
     BUILDERS,
     DATA_ENV,
     Dataset,
@@ -22,7 +22,7 @@ from evals.datasets import (
     load_dataset,
     read_source,
 )
-from stores.tokens import count_tokens
+from mia.stores.tokens import count_tokens
 
 DATA = default_data_root()
 pytestmark = pytest.mark.skipif(

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
-from stores.decoder_embeddings import END_OF_TEXT, SIGNATURE_BRIDGE, TASK_TOKENS, DecoderEmbeddings
+from mia.stores.decoder_embeddings import END_OF_TEXT, SIGNATURE_BRIDGE, TASK_TOKENS, DecoderEmbeddings
 
 HIDDEN = 32
 INSTRUCTION = "Given a question, retrieve relevant passages that answer it"
@@ -176,7 +176,7 @@ def test_too_long_inputs_raise(model_dir: Path) -> None:
 def test_task_tokens_stay_text_without_special_tokens(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="stores.decoder_embeddings"):
+    with caplog.at_level(logging.WARNING, logger="mia.stores.decoder_embeddings"):
         emb = _embedder(_build(tmp_path, [END_OF_TEXT]))
     assert "<|node_mode|>" in caplog.text and "plain text" in caplog.text
     assert len(emb.tokenizer("".join(TASK_TOKENS), add_special_tokens=False)["input_ids"]) > 2

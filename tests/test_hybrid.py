@@ -15,9 +15,9 @@ import bm25s
 import numpy as np
 import pytest
 
-from nodes.context import Context
-from nodes.retrieval import RRF_K, Fusion, dual_signal, lexical, query_only, reciprocal_rank_fusion
-from stores.bm25 import ChunkIndex, tokenize
+from mia.nodes.context import MiaRagSettings, RagSettings
+from mia.nodes.retrieval import RRF_K, Fusion, dual_signal, lexical, query_only, reciprocal_rank_fusion
+from mia.stores.bm25 import ChunkIndex, tokenize
 from tests.conftest import requires_data
 
 QUESTION = "Who stole the lovely Rose-Red?"
@@ -40,8 +40,8 @@ def test_weighted_fusion_by_hand() -> None:
     assert [i for i, _ in Fusion(3.0, 2).fuse(["a", "b", "c"], ["c", "a"])] == ["c", "a", "b"]
     assert Fusion().fuse(["a", "b"], ["b"]) == reciprocal_rank_fusion(["a", "b"], ["b"])  # plain RRF
     assert [i for i, _ in Fusion(0.0, 60).fuse(["a", "b"], ["b", "z"])][:2] == ["a", "b"]  # weight 0: dense order
-    assert Fusion.of(Context(retriever="dense")) is None
-    assert Fusion.of(Context(retriever="hybrid", bm25_weight=2.5, rrf_k=7, bm25_stemming=False)) == Fusion(2.5, 7, False)
+    assert Fusion.of(RagSettings(retriever="dense")) is None
+    assert Fusion.of(RagSettings(retriever="hybrid", bm25_weight=2.5, rrf_k=7, bm25_stemming=False)) == Fusion(2.5, 7, False)
 
 
 def _brute_bm25(store: Any, text: str, stem: bool = False) -> list[str]:
@@ -128,17 +128,17 @@ def test_graphs_use_the_hybrid_ranking(graph: str, tiny_collection, minilm, cli)
     state = json.loads(result.out)
     store = tiny_collection.store
     query_vec = minilm.embed_query(QUESTION)
-    depth, fusion = Context().candidates, Fusion.of(Context())
+    depth, fusion = MiaRagSettings().candidates, Fusion.of(MiaRagSettings())
     if graph == "rag":
         expected = [h.id for h in query_only(store, query_vec, 5, text=QUESTION, fusion=fusion, depth=depth)]
     else:
-        step0 = query_only(store, query_vec, Context().k0, text=QUESTION, fusion=fusion, depth=depth)
+        step0 = query_only(store, query_vec, MiaRagSettings().k0, text=QUESTION, fusion=fusion, depth=depth)
         assert [r["id"] for r in state["step0"]] == [h.id for h in step0]
-        from nodes.retrieval import trained_signature
-        from stores.signature_head import load_head
+        from mia.nodes.retrieval import trained_signature
+        from mia.stores.signature_head import load_head
 
         signature = [s["id"] for s in state["signature"]]  # the default strategy: the shipped trained head
-        expected = [h.id for h in trained_signature(store, load_head(""), query_vec, signature, Context().delta, 5, depth,
+        expected = [h.id for h in trained_signature(store, load_head(""), query_vec, signature, MiaRagSettings().delta, 5, depth,
                                                     text=QUESTION, fusion=fusion)]
     assert [r["id"] for r in state["retrieved"]] == expected
 

@@ -13,11 +13,11 @@ import bm25s
 import numpy as np
 import pytest
 
-import stores.bm25 as bm25_module
-from stores.bm25 import ChunkIndex, tokenize
-from stores.ingest import IngestOptions, book_id, ingest
-from stores.mindscape import Mindscape, MindscapeError, remove_book
-from stores.settings import mia_home
+from mia.stores import bm25 as bm25_module
+from mia.stores.bm25 import ChunkIndex, tokenize
+from mia.stores.ingest import IngestOptions, book_id, ingest
+from mia.stores.mindscape import Mindscape, MindscapeError, remove_book
+from mia.stores.settings import mia_home
 from tests.conftest import requires_data, write_stories
 
 QUERIES = ("the golden goose and the princess who never laughed", "the fox tricked the wolf", "Molo stole the rose")
@@ -119,7 +119,7 @@ def test_vectors_read_while_a_writer_works_are_not_kept(growing, monkeypatch) ->
     """A book's rows read between another process's reading of the commit rows and its own read of
     the vectors may be half written; such a block serves the call but is not kept, or the book would
     stay half searchable while its commit row, once rewritten the same, matches the cached one."""
-    from stores import mindscape
+    from mia.stores import mindscape
 
     name, paths = growing
     monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
@@ -136,7 +136,7 @@ def test_vectors_read_while_a_writer_works_are_not_kept(growing, monkeypatch) ->
 @requires_data
 def test_vectors_in_memory_are_bounded(growing, monkeypatch) -> None:
     """Least recently used collections leave memory first (deleted ones, never used again, too)."""
-    from stores import mindscape
+    from mia.stores import mindscape
 
     name, _ = growing
     monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())

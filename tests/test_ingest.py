@@ -1,6 +1,6 @@
 """Ingestion into a real Chroma store with the real MiniLM embedder.
 
-What must hold (DESIGN.md §3 and stores/ingest.py): stored chunks are exact source slices; every
+What must hold (docs/design.md §3 and stores/ingest.py): stored chunks are exact source slices; every
 chunk knows its session summary and every summary its chunk range; re-ingesting unchanged text
 writes nothing and calls no model; a changed book is replaced whole; a run killed at any point is
 completed by rerunning it; every bad input ends as one line naming the problem and the fix, with
@@ -25,13 +25,13 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-from stores import chat as chat_module
-from stores.bm25 import ChunkIndex
-from stores.embeddings import Embedder
-from stores.ingest import IngestOptions, InputError, book_id, ingest
-from stores.mindscape import Mindscape, MindscapeError
-from stores.summaries import SummaryCache
-from stores.tokens import count_tokens
+from mia.stores import chat as chat_module
+from mia.stores.bm25 import ChunkIndex
+from mia.stores.embeddings import Embedder
+from mia.stores.ingest import IngestOptions, InputError, book_id, ingest, ingest_sources
+from mia.stores.mindscape import Mindscape, MindscapeError, chroma_client
+from mia.stores.summaries import SummaryCache
+from mia.stores.tokens import count_tokens
 from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
 
 pytestmark = requires_data
@@ -361,6 +361,24 @@ def test_changed_options_rewrite_the_book(client, books, cache, minilm) -> None:
     assert_complete(Mindscape("shelf", client), texts_of(books), coarser.window)
 
 
+def test_a_changed_option_through_the_entry_point_ends_as_a_fresh_ingestion(tmp_path, books, monkeypatch) -> None:
+    """The CLI, the server's ingest graph and the page all ingest through ``ingest_sources``: a rerun
+    with another chunk size and chunker must leave exactly the rows a fresh run with them writes."""
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(tmp_path / "entry-chroma"))
+    monkeypatch.setattr(chat_module, "load_chat_model", lambda *a, **k: pytest.fail("extractive summaries load no chat model"))
+    before = IngestOptions(chunk_size=80, window=3, summarizer="extractive")
+    after = IngestOptions(chunk_size=120, window=3, summarizer="extractive", chunker="structure")
+    assert ingest_sources(books, "entry", before, progress=False).books_written == [book_id(p) for p in books]
+    rewritten = ingest_sources(books, "entry", after, progress=False)
+    assert rewritten.books_written == [book_id(p) for p in books] and rewritten.books_unchanged == []
+    ingest_sources(books, "entry-fresh", after, progress=False)
+    store = Mindscape("entry", chroma_client())
+    assert_complete(store, texts_of(books), after.window)  # contiguous chunk ids, counts that add up: no duplicates
+    assert snapshot(store) == snapshot(Mindscape("entry-fresh", chroma_client()))
+    again = ingest_sources(books, "entry", after, progress=False)
+    assert again.books_written == [] and again.books_unchanged == [book_id(p) for p in books]
+
+
 def test_switching_the_chunker_rewrites_the_book_and_leaves_nothing_stale(client, books, cache, minilm) -> None:
     windows = IngestOptions(chunk_size=80, window=3, summarizer="extractive", chunker="window")
     ingest(books, "shelf", minilm, options=windows, client=client, cache=cache, progress=False)
@@ -398,7 +416,7 @@ def test_books_ingested_before_the_newer_options_keep_their_hash(books) -> None:
     rewrite every collection: the default options hash a plain text exactly as before they existed."""
     import hashlib
 
-    from stores.ingest import Source, _book_hash, book_span
+    from mia.stores.ingest import Source, _book_hash, book_span
 
     text = books[0].read_text(encoding="utf-8")
     source = Source(books[0], book_id(books[0]), text)

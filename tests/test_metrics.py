@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from evals.metrics import (
+from mia.evals.metrics import (
     bootstrap_ci,
     choice_accuracy,
     exact_match,

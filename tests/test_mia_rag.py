@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nodes.context import Context
-from nodes.qa import select_signature
-from nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
-from stores.mindscape import MindscapeError
+from mia.nodes.context import MiaRagSettings, RagSettings
+from mia.nodes.qa import select_signature
+from mia.nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
+from mia.stores.mindscape import MindscapeError
 from tests.conftest import requires_data, story_text
 
 pytestmark = requires_data
@@ -37,13 +37,12 @@ def _all_chunks(store: Any) -> tuple[list[str], np.ndarray]:
 
 def _signature(store: Any, embedder: Any, question: str, strategy: str = "centroid") -> tuple[np.ndarray, np.ndarray]:
     """The query vector and e_σ exactly as the mia_rag graph builds them (coverage-aware σ0)."""
-    ctx = Context(collection=store.name)
+    ctx = MiaRagSettings(collection=store.name, signature_init="coverage")
     query_vec = embedder.embed_query(question)
     step0 = query_only(store, query_vec, ctx.k0)
-    picks = select_signature(store, question, query_vec, step0, ctx, default="coverage")
+    picks = select_signature(store, question, query_vec, step0, ctx)
     assert len(picks) == ctx.k_sum
-    sig_vec, _ = signature_vector(strategy, store, embedder, question, [p["id"] for p in picks])
-    return query_vec, sig_vec
+    return query_vec, signature_vector(strategy, store, embedder, question, [p["id"] for p in picks])
 
 
 def _exact_ranking(ids: list[str], vectors: np.ndarray, query_vec: np.ndarray, sig_vec: np.ndarray, alpha: float) -> tuple[list[str], np.ndarray]:
@@ -77,15 +76,6 @@ def test_interpolated_search_ranks_like_exact_eq4(tiny_collection, minilm, quest
         assert h.s_sig == pytest.approx(float(vectors[i] @ sig_vec), abs=1e-5)
 
 
-def test_concat_signature_is_also_one_exact_search(tiny_collection, minilm) -> None:
-    """``concat`` embeds query + signature text: still a linear score, so the same identity holds."""
-    store = tiny_collection.store
-    ids, vectors = _all_chunks(store)
-    query_vec, sig_vec = _signature(store, minilm, QUESTIONS[0], strategy="concat")
-    expected_ids, _ = _exact_ranking(ids, vectors, query_vec, sig_vec, 0.5)
-    assert [h.id for h in dual_signal(store, query_vec, sig_vec, 0.5, k=10, candidates=10)] == expected_ids[:10]
-
-
 def test_query_only_search_is_exact(tiny_collection, minilm) -> None:
     store = tiny_collection.store
     ids, vectors = _all_chunks(store)
@@ -101,9 +91,9 @@ def test_graphs_retrieve_what_the_exact_scores_say(graph: str, tiny_collection, 
     """Through the CLI and the compiled graph (retrieval only, no LLM): the final ranking is Eq. 4
     (the centroid strategy; the trained one is checked in test_signature_head and test_hybrid)."""
     question = QUESTIONS[0]
+    centroid = ["--set", "sig_strategy=centroid"] if graph == "mia_rag" else []
     result = cli("ask", question, "--collection", tiny_collection.name, "--graph", graph, "--json",
-                 "--set", "retrieval_only=true", "--set", "top_k=8", "--set", "retriever=dense",
-                 "--set", "sig_strategy=centroid")
+                 "--set", "retrieval_only=true", "--set", "top_k=8", "--set", "retriever=dense", *centroid)
     assert result.code == 0, result.err
     state = json.loads(result.out)
     assert state["answer"] in ("", None) and state["usage"].get("llm_calls", 0) == 0
@@ -114,12 +104,12 @@ def test_graphs_retrieve_what_the_exact_scores_say(graph: str, tiny_collection, 
         assert state["signature"] == [] and state["step0"] == []
         sig_vec, alpha = query_vec, 0.0
     else:
-        assert len(state["step0"]) == min(Context().k0, len(ids))
+        assert len(state["step0"]) == min(MiaRagSettings().k0, len(ids))
         signature = [s["id"] for s in state["signature"]]
         step0_summaries = {r["summary_id"] for r in store.chunk_records([r["id"] for r in state["step0"]], documents=False)}
-        assert len(signature) == Context().k_sum and set(signature) <= step0_summaries
-        sig_vec, _ = signature_vector("centroid", store, minilm, question, signature)
-        alpha = Context().alpha
+        assert len(signature) == MiaRagSettings().k_sum and set(signature) <= step0_summaries
+        sig_vec = signature_vector("centroid", store, minilm, question, signature)
+        alpha = MiaRagSettings().alpha
     expected_ids, _ = _exact_ranking(ids, vectors, query_vec, sig_vec, alpha)
     assert [r["id"] for r in state["retrieved"]] == expected_ids[:8]
 
@@ -147,7 +137,7 @@ class _CallLog:
     """Counts the Chroma reads made through the Mindscape instances built while it is installed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from stores import mindscape
+        from mia.stores import mindscape
 
         self.opened = 0
         self.calls: list[str] = []
@@ -181,10 +171,10 @@ def test_e2_reads_nothing_on_step_zeros_snapshot(retriever: str, tiny_collection
     scale`). It ranks exactly as E2 on a fresh instance does."""
     from langgraph.runtime import Runtime
 
-    from nodes import resources
-    from nodes.qa import init_signature, retrieve_with_signature
+    from mia.nodes import resources
+    from mia.nodes.qa import init_signature, retrieve_with_signature
 
-    runtime = Runtime(context=Context(collection=tiny_collection.name, retriever=retriever))
+    runtime = Runtime(context=MiaRagSettings(collection=tiny_collection.name, retriever=retriever))
     state: dict[str, Any] = {"question": QUESTIONS[2]}
     init_signature(state, runtime)  # builds the BM25 index, if no test did yet, outside the count
     log = _CallLog(monkeypatch)
@@ -206,15 +196,15 @@ def test_e2_reads_nothing_on_step_zeros_snapshot(retriever: str, tiny_collection
 
 def test_shared_snapshots_are_bounded(tiny_collection) -> None:
     """Tokens of finished runs are forgotten oldest first; a token of another collection is not used."""
-    from nodes import resources
-    from stores.mindscape import Mindscape
+    from mia.nodes import resources
+    from mia.stores.mindscape import Mindscape
 
-    ctx = Context(collection=tiny_collection.name)
+    ctx = RagSettings(collection=tiny_collection.name)
     tokens = [resources.share(Mindscape(tiny_collection.name)) for _ in range(resources.SHARED_SNAPSHOTS + 1)]
     assert resources.mindscape(ctx, tokens[0]) is not resources.mindscape(ctx, tokens[0])
     assert resources.mindscape(ctx, tokens[1]) is resources.mindscape(ctx, tokens[1])
     with pytest.raises(resources.MindscapeError, match="unknown collection 'other-name'"):
-        resources.mindscape(Context(collection="other-name"), tokens[1])
+        resources.mindscape(RagSettings(collection="other-name"), tokens[1])
 
 
 @pytest.mark.parametrize("for_signature", [False, True])
@@ -243,7 +233,7 @@ def test_dense_search_is_exact(tiny_collection, minilm, monkeypatch) -> None:
     """The search is brute force over every committed chunk: its hits' cosines are the stored
     vectors' and are the k largest of all chunks', best first, for every k; and a new instance with
     nothing in memory (as in a new process) returns the same ids in the same order."""
-    from stores import mindscape
+    from mia.stores import mindscape
 
     store = tiny_collection.store
     ids, vectors = _all_chunks(store)
@@ -263,7 +253,7 @@ def test_dense_search_is_exact(tiny_collection, minilm, monkeypatch) -> None:
 
 def test_dense_search_breaks_ties_by_row_also_at_the_cut(monkeypatch) -> None:
     """Equal cosines (the same passage in two books) rank by row, whichever rows the cut leaves out."""
-    from stores import mindscape
+    from mia.stores import mindscape
 
     a, b = np.array([1.0, 0.0], dtype=np.float32), np.array([0.6, 0.8], dtype=np.float32)
     matrix = np.stack([b, a, b, a, a])
@@ -357,8 +347,10 @@ def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
         ("alpha=half", "setting alpha='half' is not a valid float"),
         ("k0=ten", "setting k0='ten' is not a valid int"),
         ("retrieval_only=maybe", "setting retrieval_only='maybe' is not one of 1/true/yes/on/0/false/no/off"),
-        ("lambda_q=-1", "lambda_q, lambda_c and lambda_d must be non-negative"),
-        ("sig_strategy=median", "sig_strategy must be one of auto, trained, centroid, concat, mia"),
+        ("lambda_q=-1", "lambda_q must be non-negative"),
+        ("sig_strategy=median", "sig_strategy must be one of trained, centroid, mia"),
+        ("sig_strategy=concat", "sig_strategy must be one of trained, centroid, mia"),
+        ("signature_init=auto", "signature_init must be one of coverage, first_k"),
         ("kay0=5", "unknown setting(s) kay0"),
         ("alpha", "--set 'alpha' is not KEY=VALUE"),
     ],

@@ -20,8 +20,8 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel
 
-from stores import chat as chat_module
-from stores import embeddings as embeddings_module
+from mia.stores import chat as chat_module
+from mia.stores import embeddings as embeddings_module
 
 pytestmark = pytest.mark.slow
 
@@ -173,13 +173,13 @@ def test_embedded_model_runs_with_the_threads_free_cores_allows(embedded_chat: c
 
     monkeypatch.setattr(chat_module, "free_cores", lambda: 1)
     reply = embedded_chat.invoke([HumanMessage("Say yes.")], max_tokens=4)
-    llama, _ = embedded_chat._llama()
+    llama, _ = embedded_chat.llama()
     assert reply.text and llama_cpp.llama_n_threads(llama.ctx) == 1 == llama_cpp.llama_n_threads_batch(llama.ctx)
 
 
 def test_llm_bench_measures_bare_and_project_paths_on_the_same_prompt(embedded_model_file: Path) -> None:
-    from evals import bench_llm
-    from stores.settings import data_root
+    from mia.evals import bench_llm
+    from mia.stores.settings import data_root
 
     if not (data_root() / bench_llm.BOOK).is_file():
         pytest.skip("the demo book is not in the shared data")

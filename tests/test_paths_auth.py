@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from graph.auth import (
+from mia.graph.auth import (
     ANONYMOUS,
     AuthFailure,
     Caller,
@@ -21,8 +21,8 @@ from graph.auth import (
     readers,
     visible_assistants,
 )
-from graph.openai_app import parse_model, remainder
-from stores.paths import PathError, files_under, resolve_under
+from mia.graph.openai_app import parse_model, remainder
+from mia.stores.paths import PathError, files_under, resolve_under
 
 KEYS = parse_keys(json.dumps({"k-all": ["*"], "k-fairy": ["fairy", "demo-*"]}))
 FAIRY = Caller(key_identity("k-fairy"), ("fairy", "demo-*"))
@@ -179,9 +179,9 @@ def test_the_collection_checked_is_the_one_the_run_will_use() -> None:
 def test_restricted_keys_may_not_choose_models_or_endpoints() -> None:
     message = _refused(FAIRY, {"context": {"collection": "fairy", "chat_base_url": "http://elsewhere"}})
     assert "chat_base_url" in message
-    assert "embedder" in _refused(FAIRY, {"config": {"configurable": {"collection": "fairy", "embedder": "use"}}})
+    assert "sig_weights" in _refused(FAIRY, {"config": {"configurable": {"collection": "fairy", "sig_weights": "/x.npz"}}})
     assert "selection_embedder" in _refused(FAIRY, {"context": {"collection": "fairy", "selection_embedder": "bge-m3:/x"}})
-    _check(identify(KEYS, "Bearer k-all", None), {"context": {"collection": "x", "embedder": "use"}})
+    _check(identify(KEYS, "Bearer k-all", None), {"context": {"collection": "x", "selection_embedder": "use"}})
 
 
 def test_assistants_are_visible_to_the_keys_that_may_use_their_collection() -> None:
@@ -214,7 +214,7 @@ def test_model_names_and_stream_remainders() -> None:
 
 
 def test_openai_endpoint_refuses_before_running(monkeypatch: pytest.MonkeyPatch) -> None:
-    import graph.openai_app as openai_app
+    from mia.graph import openai_app as openai_app
 
     monkeypatch.setattr(openai_app, "KEYS", KEYS)
     client = TestClient(openai_app.app)

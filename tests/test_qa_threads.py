@@ -5,15 +5,15 @@ from __future__ import annotations
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from nodes.context import Context
+from mia.nodes.context import MiaAgentSettings, RagSettings
 
 
 def test_new_question_input_wins_over_an_unanswered_earlier_message(tiny_collection) -> None:
-    from graph.rag import builder
+    from mia.graph.rag import builder
 
     graph = builder.compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "q"}}
-    ctx = Context(collection=tiny_collection.name, retrieval_only=True)
+    ctx = RagSettings(collection=tiny_collection.name, retrieval_only=True)
     graph.invoke({"messages": [HumanMessage("Who found the golden goose?")]}, config=config, context=ctx)
     first = graph.get_state(config).values
     assert first["question"] == "Who found the golden goose?" and first["retrieved"]
@@ -25,13 +25,13 @@ def test_new_question_input_wins_over_an_unanswered_earlier_message(tiny_collect
 
 
 def test_options_from_an_earlier_turn_are_ignored_unless_multiple_choice() -> None:
-    from nodes.answer import options_for
+    from mia.nodes.answer import options_for
 
     state = {"options": ["a goose", "a pig"]}
-    assert options_for(state, Context(answer_format="open")) == []
-    assert options_for(state, Context(answer_format="choice")) == ["a goose", "a pig"]
+    assert options_for(state, RagSettings(answer_format="open")) == []
+    assert options_for(state, RagSettings(answer_format="choice")) == ["a goose", "a pig"]
 
 
 def test_context_converts_strings_from_api_payloads() -> None:
-    ctx = Context(top_k="3", alpha="0.25", rewrite_query="false")
+    ctx = MiaAgentSettings(top_k="3", alpha="0.25", rewrite_query="false")
     assert (ctx.top_k, ctx.alpha, ctx.rewrite_query) == (3, 0.25, False)

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from evals import report, runner
-from evals.cli import register
-from evals.datasets import DATA_ENV, Dataset, build_custom, default_data_root
-from graph import registry
-from stores.ingest import book_id
-from stores.mindscape import Mindscape
+from mia.evals import report, runner
+from mia.evals.cli import register
+from mia.evals.datasets import DATA_ENV, Dataset, build_custom, default_data_root
+from mia.graph import registry
+from mia.stores.ingest import book_id
+from mia.stores.mindscape import Mindscape
 from tests.conftest import requires_data
 
 DATA = default_data_root()
@@ -216,38 +216,6 @@ def test_reuse_adopts_identical_jobs_from_another_run(tiny: Dataset, tmp_path: P
     assert not (tmp_path / "fourth").exists()
 
 
-@needs_data
-@pytest.mark.slow
-def test_results_from_before_strict_recall_are_rescored_not_rerun(retrieval_run: tuple[Path, dict[str, Any]],
-                                                                   tiny: Dataset, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    out, summary = retrieval_run
-    old = tmp_path / "old"
-    old.mkdir()
-    with (out / "results.jsonl").open(encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle]
-    for record in records:
-        record["scores"] = {k: v for k, v in record["scores"].items() if not k.startswith("strict_")}
-    (old / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    fake = CountingGraph({})
-    monkeypatch.setattr(registry, "load_graph", lambda name: fake)
-
-    def rerun() -> runner.EvalResults:
-        return runner.run_eval(str(tiny.dir), None, ["rag", "mia_rag"], retrieval_only=True, out=old,
-                               settings={"window": "2"}, seed=3, progress=False)
-
-    again = rerun()
-    assert fake.calls == []  # every question was finished: rescored from its retrieved ids, not asked again
-    for system, row in summary["systems"].items():
-        for k in (1, 5, 10, 20):
-            for metric in (f"recall@{k}", f"strict_recall@{k}"):
-                assert again.summary["systems"][system][metric] == pytest.approx(row[metric])
-    lines = (old / "results.jsonl").read_text(encoding="utf-8").splitlines()
-    assert len(lines) == 2 * len(records)  # one rescored copy appended per old record
-    rerun()
-    assert len((old / "results.jsonl").read_text(encoding="utf-8").splitlines()) == len(lines)  # settled
-
-
 def test_variants_and_sweeps() -> None:
     variants = runner.expand_variants(
         ["rag", "mia_rag"], {"alpha": "0.3", "mia_rag:k_sum": "3"},
@@ -257,9 +225,10 @@ def test_variants_and_sweeps() -> None:
     names = [v.name for v in variants]
     assert names == ["rag", "mia_rag[alpha=0.2,window=5]", "mia_rag[alpha=0.2,window=20]",
                      "mia_rag[alpha=0.5,window=5]", "mia_rag[alpha=0.5,window=20]"]
-    assert variants[0].context.alpha == 0.3 and variants[0].context.top_k == 20 and variants[0].context.retrieval_only
+    assert variants[0].context.top_k == 20 and variants[0].retrieval_only
+    assert not hasattr(variants[0].context, "alpha")  # a global setting goes to the graphs that read it
     assert variants[1].context.alpha == 0.2 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
-    assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the context
+    assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the settings
     assert len({v.fingerprint for v in variants}) == 5
     rag, explicit = runner.expand_variants(["rag", "mia_rag"], {"mia_rag:alpha": "0.20"}, {},
                                                retrieval_only=False, summarizer="extractive")
@@ -271,8 +240,10 @@ def test_variants_and_sweeps() -> None:
     ("kwargs", "message"),
     [
         ({"systems": ["nope"]}, "unknown system"),
-        ({"systems": ["rag"], "settings": {"alpha": "2"}}, "alpha must be in"),
+        ({"systems": ["mia_rag"], "settings": {"alpha": "2"}}, "alpha must be in"),
         ({"systems": ["rag"], "settings": {"colour": "red"}}, "unknown setting"),
+        ({"systems": ["rag", "infmem"], "sweeps": {"alpha": ["0.2", "0.5"]}}, "no graph of rag, infmem reads them"),
+        ({"systems": ["rag", "mia_rag"], "settings": {"rag:alpha": "0.3"}}, "unknown setting.*for graph rag"),
         ({"systems": ["rag"], "settings": {"agent:alpha": "0.2"}}, "not among the systems"),
         ({"systems": ["rag"], "dataset": "nope"}, "unknown dataset"),
         ({"systems": ["rag"], "dataset": "fairytale-series", "length": 16000}, "--length applies to multihop-synth only"),
@@ -351,23 +322,19 @@ def test_named_baselines_replace_rag_with_one_paired_table_each() -> None:
     assert "| agent | 10.0 [10.0, 10.0]" in tables[1]
 
 
-def test_fingerprints_of_committed_results_do_not_move() -> None:
-    """The configs recorded in evals/results/ must keep matching, whatever the Context defaults become."""
-    rag, mia = runner.expand_variants(
-        ["rag", "mia_rag"],
-        {"rag:retriever": "dense", "mia_rag:retriever": "dense", "mia_rag:signature_init": "coverage",
-         "mia_rag:sig_strategy": "centroid", "mia_rag:alpha": "0.2", "mia_rag:window": "5"},
-        {}, retrieval_only=True, summarizer="extractive",
-    )
-    assert rag.fingerprint == "c4140f76ad27bf81"  # evals/results/fairytale-series-test-retrieval: rag
-    assert mia.fingerprint == "454ca5d4a22c52be"  # ... mia_rag[coverage, centroid, alpha=0.2, window=5]
-    infmem, memagent = runner.expand_variants(["infmem", "memagent"], {"open_answer": "sentence"}, {}, retrieval_only=False,
-                                              summarizer="extractive")
-    assert infmem.fingerprint == "701a0242c3fdcc75"  # evals/results/multihop-synth-16k: infmem
-    assert memagent.fingerprint == "faf670f8b20fb40a"  # ... memagent
+def test_fingerprint_holds_every_resolved_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting changed by the environment, like a default that changes, is another configuration:
+    a cached result never stands for a setting it was not made under."""
+    def rag(settings: dict[str, str]) -> str:
+        return runner.expand_variants(["rag"], settings, {}, retrieval_only=False, summarizer="extractive")[0].fingerprint
+
+    default = rag({})
+    assert rag({"top_k": "10"}) == default  # the default typed out is the same configuration
+    monkeypatch.setenv("MIA_TOP_K", "7")  # as a changed default would
+    assert rag({}) == rag({"top_k": "7"}) != default
 
 
-def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
+def test_a_global_setting_changes_only_the_graphs_that_read_it() -> None:
     """A streaming agent's result stands for every retriever and α; a change it reads makes a new one."""
     def prints(settings: dict[str, str]) -> dict[str, str]:
         variants = runner.expand_variants(["rag", "mia_rag", "infmem"], settings, {}, retrieval_only=False,
@@ -386,30 +353,6 @@ def test_fingerprint_leaves_out_settings_the_graph_never_reads() -> None:
     dense = prints({"retriever": "dense"})
     assert prints({"retriever": "dense", "rrf_k": "30", "bm25_weight": "1", "bm25_stemming": "false"})["rag"] == dense["rag"]
     assert prints({"bm25_stemming": "false"})["rag"] != base["rag"]
-    # The open answer's style matters only where an open answer is written.
-    assert prints({"open_answer": "sentence"})["rag"] != base["rag"]
-    assert prints({"open_answer": "sentence", "answer_format": "verify"})["rag"] == prints({"answer_format": "verify"})["rag"]
-    only = [runner.expand_variants(["rag"], {"open_answer": style}, {}, retrieval_only=True, summarizer="extractive")[0]
-            for style in ("sentence", "trim")]
-    assert only[0].fingerprint == only[1].fingerprint
-
-
-def test_every_setting_has_a_description_and_a_group_some_graph_reads() -> None:
-    """Studio's settings form shows the descriptions; a setting outside every graph's groups (a typo
-    in its group) would silently drop out of every fingerprint."""
-    from dataclasses import fields
-    from typing import get_args
-
-    from graph import registry
-    from nodes.context import Context, SettingGroup
-
-    read_somewhere = set().union(*(registry.settings_read(g) for g in registry.QUESTION_GRAPHS))
-    for f in fields(Context):
-        assert f.metadata["description"], f.name
-        assert f.metadata["group"] in get_args(SettingGroup), f.name
-        assert f.name in read_somewhere, f.name
-    assert registry.settings_read("rag") < registry.settings_read("mia_rag")  # MiA reads the signature's too
-    assert not registry.settings_read("infmem") & {"retriever", "alpha", "top_k"}
 
 
 def test_cost_growth_compares_the_same_questions() -> None:

@@ -13,8 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +22,10 @@ import httpx
 import pytest
 from langgraph_sdk import get_sync_client
 
-from evals.bench_scale import chroma_server
-from graph.registry import QUESTION_GRAPHS
-from graph.server import Server, free_port, ingest_elsewhere, port_is_free, start_server
-from tests.conftest import requires_data, write_stories
+from mia.evals.bench_scale import chroma_server
+from mia.graph.registry import QUESTION_GRAPHS
+from mia.graph.server import Server, free_port, ingest_elsewhere, port_is_free, start_server
+from tests.conftest import mia_serve, requires_data, write_stories
 
 pytestmark = requires_data
 
@@ -263,7 +261,7 @@ def test_openai_chat_completions(served: Served, embedded_model_file: Path) -> N
 def test_bench_serve_finds_no_lost_or_mixed_answers(served: Served, embedded_model_file: Path) -> None:
     import asyncio
 
-    from evals.bench_serve import bench
+    from mia.evals.bench_serve import bench
 
     result = asyncio.run(bench(served.server.url, graph="rag", collection=COLLECTION, requests=2, concurrency=2,
                                max_new_tokens=8, settings={"top_k": 3}, api_key="key-fairy", deadline=400))
@@ -274,10 +272,10 @@ def test_bench_serve_finds_no_lost_or_mixed_answers(served: Served, embedded_mod
 # ---- Chroma server mode -------------------------------------------------------------------------
 def test_chroma_server_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minilm: Any) -> None:
     """MIA_CHROMA_URL sends ingestion and retrieval to a `chroma run` server instead of a folder."""
-    from graph.registry import load_graph
-    from nodes.context import context_from
-    from stores.ingest import IngestOptions, ingest
-    from stores.mindscape import Mindscape, chroma_client, list_mindscapes
+    from mia.graph.registry import load_graph
+    from mia.nodes.context import context_from
+    from mia.stores.ingest import IngestOptions, ingest
+    from mia.stores.mindscape import Mindscape, chroma_client, list_mindscapes
 
     paths = write_stories(tmp_path / "stories", STORIES)
     with chroma_server(tmp_path / "chroma-server") as (url, _):
@@ -288,7 +286,7 @@ def test_chroma_server_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min
         assert report.chunks > 0 and "remote" in list_mindscapes(client)
         assert Mindscape("remote").stats()["chunks"] == report.chunks
         state = load_graph("rag").invoke({"question": QUESTION},
-                                         context=context_from({"collection": "remote", "retrieval_only": True, "top_k": 3}))
+                                         context=context_from("rag", {"collection": "remote", "retrieval_only": True, "top_k": 3}))
         top = Mindscape("remote").chunk_records([state["retrieved"][0]["id"]])[0]
         assert top["book"] == "the-miserly-farmer" and "pears" in top["text"]
     # The rows went to the server's folder (readable once it has stopped), not to an embedded store.
@@ -305,18 +303,8 @@ def test_stopping_mia_serve_stops_its_whole_tree_and_frees_the_port(sig: signal.
 
     port = free_port()
     env = {**os.environ, "MIA_HOME": str(tmp_path / "home"), "MIA_CHROMA_PATH": str(tmp_path / "chroma")}
-    with (tmp_path / "serve.log").open("wb") as log:
-        mia = subprocess.Popen([sys.executable, "-m", "mia_cli", "serve", "--port", str(port)], env=env,
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    mia = mia_serve(env, port, tmp_path / "serve.log")
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and mia.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/ok", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"mia serve was not ready: {(tmp_path / 'serve.log').read_text()[-2000:]}")
         server = psutil.Process(mia.pid).children(recursive=True)
         assert server, "mia serve should run the server as its child"
 

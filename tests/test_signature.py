@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from nodes.signature import (
+from mia.nodes.signature import (
     SignaturePick,
     coverage_aware,
     first_k,

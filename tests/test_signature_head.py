@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evals.train_retriever import Collection, Examples, TorchHead, train_head
-from nodes.retrieval import signature_evidence
-from stores.mindscape import neighbour_sessions
-from stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, HeadError, SignatureHead, load_head
+from mia.evals.train_retriever import Collection, Examples, TorchHead, train_head
+from mia.nodes.retrieval import signature_evidence
+from mia.stores.mindscape import neighbour_sessions
+from mia.stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, HeadError, SignatureHead, load_head
 from tests.conftest import requires_data
 
 N_EVIDENCE = len(EVIDENCE)
@@ -250,7 +250,7 @@ def _recall_at_1(head: SignatureHead, collection: Collection, ex: Examples) -> f
 
 def test_training_scores_are_the_numpy_heads() -> None:
     """The loss is taken over the very scores E2 ranks by (apart from the pin of the first stage's best)."""
-    from evals.train_retriever import Tensors, batch_scores
+    from mia.evals.train_retriever import Tensors, batch_scores
 
     collection, ex = _twins()
     torch_head = _random_head(d=16)
@@ -263,7 +263,7 @@ def test_training_scores_are_the_numpy_heads() -> None:
 
 
 def test_continuity_quantiles_are_over_neighbouring_sessions_only() -> None:
-    from evals.train_retriever import continuity_quantiles
+    from mia.evals.train_retriever import continuity_quantiles
 
     collection, _ = _twins()
     s = collection.summaries
@@ -293,21 +293,21 @@ def test_training_lowers_the_loss_and_beats_the_untrained_head() -> None:
 def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, hybrid: bool) -> None:
     """Scoring every chunk of the collection gives the ranking E2 finds in its candidate set, with a
     shallow first stage (so the nearest chunks to e and the sessions' chunks must add the rest)."""
-    from nodes.context import Context
-    from nodes.qa import select_signature
-    from nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
+    from mia.nodes.context import MiaRagSettings
+    from mia.nodes.qa import select_signature
+    from mia.nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
 
     store, head = tiny_collection.store, load_head("")
     rows, matrix = store.vector_rows("chunks")
     ids = sorted(rows, key=rows.get)
     owners = store.summary_of(ids)
-    ctx = Context(collection=store.name)
+    ctx = MiaRagSettings(collection=store.name, signature_init="coverage")
     fusion = Fusion.of(ctx) if hybrid else None
     k, candidates = 8, 3
     for question in ("Who stole the lovely Rose-Red?", "Why did the fox trick the wolf?"):
         q = minilm.embed_query(question).astype(np.float64)
         step0 = query_only(store, q, ctx.k0)
-        sig = [p["id"] for p in select_signature(store, question, q, step0, ctx, "coverage")]
+        sig = [p["id"] for p in select_signature(store, question, q, step0, ctx)]
         fused, _, _, _, summary_vecs, evidence = head_inputs(store, q, sig, max(k, candidates), text=question, fusion=fusion)
         e, a = head.query(q, summary_vecs, evidence, 0.5)
         summary_rows, summary_matrix = store.vector_rows("summaries")
@@ -330,7 +330,7 @@ def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, 
 @pytest.mark.slow
 @requires_data
 def test_trained_e2_with_an_empty_signature_is_the_first_stage_reweighed(tiny_collection, minilm) -> None:
-    from nodes.retrieval import first_stage, trained_signature
+    from mia.nodes.retrieval import first_stage, trained_signature
 
     store, head = tiny_collection.store, load_head("")
     q = minilm.embed_query("Who stole the lovely Rose-Red?")
@@ -357,17 +357,17 @@ def test_session_members_are_the_chunks_ingestion_gave_each_session(tiny_collect
 @pytest.mark.slow
 @requires_data
 def test_mia_rag_runs_with_the_trained_head_and_refuses_a_bad_one(tiny_collection, tmp_path: Path) -> None:
-    from graph.registry import load_graph
-    from nodes.context import Context
+    from mia.graph.registry import load_graph
+    from mia.nodes.context import MiaRagSettings
 
     graph = load_graph("mia_rag")
     out = graph.invoke({"question": "Who stole the lovely Rose-Red?"},
-                       context=Context(collection=tiny_collection.name, retrieval_only=True, sig_strategy="trained"))
+                       context=MiaRagSettings(collection=tiny_collection.name, retrieval_only=True, sig_strategy="trained"))
     assert len(out["retrieved"]) == 10 and out["signature"]
     with pytest.raises(HeadError, match="missing"):
         graph.invoke({"question": "Who stole the lovely Rose-Red?"},
-                     context=Context(collection=tiny_collection.name, retrieval_only=True, sig_strategy="trained",
-                                     sig_weights=str(tmp_path / "none.npz")))
+                     context=MiaRagSettings(collection=tiny_collection.name, retrieval_only=True, sig_strategy="trained",
+                                            sig_weights=str(tmp_path / "none.npz")))
 
 
 def test_cli_refuses_bad_training_settings(cli) -> None:
@@ -385,7 +385,7 @@ def test_cli_refuses_bad_training_settings(cli) -> None:
 
 @requires_data
 def test_fairytale_train_holds_train_stories_only(tmp_path: Path) -> None:
-    from evals.datasets import BUILDERS, DatasetError, read_source
+    from mia.evals.datasets import BUILDERS, DatasetError, read_source
     from tests.conftest import shared_data
 
     built = BUILDERS["fairytale-train"](tmp_path / "ft", split="train")
@@ -396,7 +396,7 @@ def test_fairytale_train_holds_train_stories_only(tmp_path: Path) -> None:
     held_out = [r for r in meta if r["split"] != "train"]
     assert len({q["meta"]["story"] for q in built.questions}) == len(train)
     assert len(built.questions) == sum(int(r["questions"]) for r in train)
-    from evals.datasets import _story_title
+    from mia.evals.datasets import _story_title
 
     for row in held_out:
         assert f"\n\n{_story_title(row['filename'])}\n\n" not in text and not text.startswith(_story_title(row["filename"]) + "\n\n")
@@ -404,28 +404,10 @@ def test_fairytale_train_holds_train_stories_only(tmp_path: Path) -> None:
         BUILDERS["fairytale-train"](tmp_path / "ft-test", split="test")
 
 
-def test_auto_is_the_head_for_mia_rag_and_the_centroid_for_the_agent() -> None:
-    """Resolved per graph, and fingerprinted as what it resolves to, so `auto` reuses explicit results."""
-    from evals import runner
-    from nodes.context import Context, resolved_sig_strategy
-
-    ctx = Context()
-    assert ctx.sig_strategy == "auto"
-    assert (resolved_sig_strategy(ctx, "mia_rag"), resolved_sig_strategy(ctx, "mia_agent")) == ("trained", "centroid")
-    assert resolved_sig_strategy(Context(sig_strategy="centroid"), "mia_rag") == "centroid"
-
-    def prints(settings: dict[str, str]) -> list[str]:
-        return [v.fingerprint for v in runner.expand_variants(["mia_rag", "mia_agent"], settings, {}, retrieval_only=False,
-                                                               summarizer="extractive")]
-
-    auto = prints({})
-    assert auto == [prints({"sig_strategy": "trained"})[0], prints({"sig_strategy": "centroid"})[1]]
-
-
 def test_the_blind_ablation_cannot_tell_the_twins_apart() -> None:
     """`--without-signature` trains the same head with every signature emptied: on the twins, where only
     the signature tells the sessions apart, it stays where the query alone is."""
-    from evals.train_retriever import without_signatures
+    from mia.evals.train_retriever import without_signatures
 
     collection, ex = _twins()
     blind_ex = without_signatures(ex)
@@ -434,18 +416,3 @@ def test_the_blind_ablation_cannot_tell_the_twins_apart() -> None:
                           delta=0.5, seed=0, embedder="test", blind=True,
                           on_epoch=lambda h: {"score": _recall_at_1(h, collection, blind_ex)}, progress=False)
     assert max(r["score"] for r in curve) < 0.5
-
-
-@pytest.mark.slow
-@requires_data
-def test_situated_chunks_open_with_their_sessions_summary(tiny_collection) -> None:
-    """`python -m evals.situated` (issue 22's situated chunks): each chunk after its session summary's first sentence."""
-    from evals.situated import OPENING_CHARS, situated_texts
-    from stores.summaries import sentences
-
-    store = tiny_collection.store
-    got = store.chunks.get(include=["documents"])
-    ids, texts = got["ids"][:6], got["documents"][:6]
-    for chunk_id, text, situated in zip(ids, texts, situated_texts(store, ids, texts)):
-        summary = store.summaries.get(ids=store.summary_of([chunk_id]), include=["documents"])["documents"][0]
-        assert situated == sentences(summary)[0][:OPENING_CHARS] + "\n" + text

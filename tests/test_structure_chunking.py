@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stores.chunking import Chunk, chunk_text, is_heading, sections
-from stores.front_matter import find_body
-from stores.tokens import count_tokens
+from mia.stores.chunking import Chunk, chunk_text, is_heading, sections
+from mia.stores.front_matter import find_body
+from mia.stores.tokens import count_tokens
 from tests.conftest import shared_data
 
 BOOKS = shared_data() / "books"

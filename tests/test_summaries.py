@@ -17,12 +17,12 @@ import pytest
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
 
-import mia_cli
-from stores import summaries as summ
-from stores.ingest import SUMMARIZERS, IngestOptions, ingest
-from stores.mindscape import Mindscape
-from stores.summaries import SummaryCache, excerpt, sentences
-from stores.tokens import count_tokens
+from mia.graph import cli as mia_cli
+from mia.stores import summaries as summ
+from mia.stores.ingest import SUMMARIZERS, IngestOptions, ingest
+from mia.stores.mindscape import Mindscape
+from mia.stores.summaries import SummaryCache, excerpt, sentences
+from mia.stores.tokens import count_tokens
 from tests.conftest import requires_data, write_stories
 from tests.test_ingest import ScriptedSummarizer
 
@@ -115,7 +115,7 @@ def test_cli_offers_every_summarizer_with_the_stores_default() -> None:
 
 @pytest.mark.parametrize("summarizer", ["llm-excerpt", "extractive"])
 def test_eval_sweeps_the_summarizer_as_an_ingestion_option(summarizer: str) -> None:
-    from evals.runner import expand_variants
+    from mia.evals.runner import expand_variants
 
     variants = expand_variants(["mia_rag"], {}, {"summarizer": ["extractive", summarizer]}, retrieval_only=True,
                                summarizer="extractive")

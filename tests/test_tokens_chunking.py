@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stores import tokens
-from stores.chunking import Chunk, chunk_text
-from stores.tokens import count_tokens, token_spans
+from mia.stores import tokens
+from mia.stores.chunking import Chunk, chunk_text
+from mia.stores.tokens import count_tokens, token_spans
 
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 """The hash tiktoken itself publishes for cl100k_base (tiktoken_ext.openai_public)."""

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
-import graph.web_api as web_api
-from evals import web_page
-from graph.http_app import app
-from graph.server import Server, ingest_elsewhere, start_server
-from nodes.context import Context
+from mia.graph import web_api as web_api
+from mia.evals import web_page
+from mia.graph.auth import AuthFailure, check_ingest_paths
+from mia.graph.http_app import app
+from mia.graph.ingest import graph as ingest_graph
+from mia.graph.server import Server, ingest_elsewhere, start_server
+from mia.graph.registry import settings_read
+from mia.stores.mindscape import chroma_client, list_mindscapes
+from mia.stores.paths import PathError
 from tests.conftest import TinyCollection, requires_data, story_text, write_stories
 
 KEYS = {"key-admin": ["*"], "key-tiny": ["tiny", "web-*"], "key-none": ["nothing-*"]}
@@ -41,13 +45,17 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(web_api, "KEYS", KEYS)
 
 
-def _wait_job(client: TestClient, job: dict[str, Any], limit_s: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + limit_s
-    while job["state"] == "running":
-        assert time.monotonic() < deadline, f"ingestion job still running after {limit_s}s: {job}"
-        time.sleep(0.2)
-        job = client.get(f"/mia/api/jobs/{job['id']}").json()
-    return job
+def _run_ingest(payload: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, int, int]]]:
+    """A run of the ``ingest`` graph in-process, as the page starts one on the server: its output
+    and the progress its custom stream events report."""
+    output: dict[str, Any] = {}
+    progress: list[tuple[str, int, int]] = []
+    for mode, chunk in ingest_graph.stream(payload, stream_mode=["custom", "values"]):
+        if mode == "custom" and chunk["event"] == "ingest_progress":
+            progress.append((chunk["stage"], chunk["done"], chunk["total"]))
+        elif mode == "values":
+            output = chunk
+    return output, progress
 
 
 # ---- the page's endpoints, in-process ----------------------------------------------------------------
@@ -67,11 +75,14 @@ def test_page_and_assets_are_served_and_self_contained() -> None:
         assert not re.search(r"""(url\(|import\s|fetch\()\s*["']?(https?:)?//""", text), f"{path.name} fetches from another host"
 
 
-def test_settings_panel_describes_every_context_field(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_panel_describes_every_setting_of_the_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MIA_TOP_K", "7")
     with _client() as client:
-        schema = {s["name"]: s for s in client.get("/mia/api/settings").json()["settings"]}
-    assert set(schema) == {f for f in Context.__dataclass_fields__}
+        schema = {s["name"]: s for s in client.get("/mia/api/settings?graph=mia_rag").json()["settings"]}
+        rag = {s["name"] for s in client.get("/mia/api/settings?graph=rag").json()["settings"]}
+        unknown = client.get("/mia/api/settings?graph=nope")
+    assert set(schema) == settings_read("mia_rag") and rag == settings_read("rag") and "alpha" not in rag
+    assert unknown.status_code == 400 and "unknown graph 'nope'" in unknown.json()["detail"]
     assert all(s["description"] for s in schema.values())
     assert schema["top_k"] == {**schema["top_k"], "type": "int", "default": 7}  # the server's effective default
     assert schema["alpha"]["type"] == "float" and schema["injection_guard"]["type"] == "bool"
@@ -147,22 +158,20 @@ def test_lookup_gives_positions_previews_and_summaries(tiny_collection: TinyColl
 
 
 @requires_data
-def test_upload_ingests_with_progress_then_delete(keys: None, minilm: Any, isolated_environment: Path) -> None:
+def test_an_upload_is_ingested_by_a_run_of_the_ingest_graph_then_deleted(keys: None, isolated_environment: Path) -> None:
     story = story_text("golden-goose", sections=2)
     with _client("key-tiny") as client:
-        response = client.put("/mia/api/collections/web-upload/upload?filename=The%20Goose.txt&summarizer=extractive",
-                              content=story.encode())
-        assert response.status_code == 202, response.text
-        job = _wait_job(client, response.json())
-        assert job["state"] == "done", job["error"]
-        assert job["report"]["books_written"] == ["the-goose"] and job["report"]["chunks"] > 0
-        assert (job["books_done"], job["books_total"]) == (1, 1)
-        assert job["stage"] == "embedding summaries the-goose" and job["done"] == job["total"] > 0
+        response = client.put("/mia/api/collections/web-upload/upload?filename=The%20Goose.txt", content=story.encode())
+        assert response.status_code == 201, response.text
+        assert response.json() == {"collection": "web-upload", "upload": "The_Goose.txt"}
         assert (isolated_environment / "uploads" / "web-upload" / "The_Goose.txt").read_text(encoding="utf-8") == story
+        assert client.get("/mia/api/collections/web-upload").status_code == 404  # kept, not ingested: the run does that
+        report, progress = _run_ingest({"uploads": ["The_Goose.txt"], "collection": "web-upload", "summarizer": "extractive"})
+        assert report["books_written"] == ["the-goose"] and report["chunks"] > 0
+        assert progress[-1] == ("books", 1, 1)
+        stage, done, total = [p for p in progress if p[0] != "books"][-1]
+        assert stage == "embedding summaries the-goose" and done == total > 0
         assert client.get("/mia/api/collections/web-upload").json()["books"][0]["book"] == "the-goose"
-        # Another key cannot follow this key's job.
-        with _client("key-admin") as admin:
-            assert admin.get(f"/mia/api/jobs/{job['id']}").status_code == 404
         assert client.delete("/mia/api/collections/web-upload").json() == {"removed": "web-upload"}
         gone = client.delete("/mia/api/collections/web-upload")
         assert gone.status_code == 404 and "unknown collection" in gone.json()["detail"]
@@ -182,31 +191,55 @@ def test_bad_uploads_are_refused_before_anything_is_written(filename: str, body:
     assert not (isolated_environment / "uploads" / "web-bad").exists()
 
 
-def test_upload_names_cannot_leave_the_upload_folder(isolated_environment: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[tuple[str, list[Path]]] = []
-    monkeypatch.setattr(web_api, "start_job", lambda owner, collection, files, summarizer: started.append((collection, files))
-                        or web_api.Job(id="x", owner=owner, collection=collection, files=[f.name for f in files]))
+def test_upload_names_cannot_leave_the_upload_folder(isolated_environment: Path) -> None:
     with _client() as client:
         response = client.put("/mia/api/collections/web-safe/upload?filename=../../etc/evil%20name.txt", content=b"story")
-    assert response.status_code == 202
-    (collection, files), = started
-    assert files == [isolated_environment / "uploads" / "web-safe" / "evil_name.txt"]
+    assert response.status_code == 201 and response.json()["upload"] == "evil_name.txt"
+    assert list(isolated_environment.rglob("*evil*")) == [isolated_environment / "uploads" / "web-safe" / "evil_name.txt"]
+    assert (isolated_environment / "uploads" / "web-safe" / "evil_name.txt").read_text(encoding="utf-8") == "story"
 
 
-def test_path_ingest_stays_under_the_ingest_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@requires_data
+def test_the_ingest_graph_reads_uploads_but_nothing_outside_its_roots(tmp_path: Path, isolated_environment: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uploads are read from the run's own collection's upload folder, paths from the ingest root;
+    every other file is refused by the server's run check (403) and again by the graph itself."""
     root = tmp_path / "root"
     root.mkdir()
     (tmp_path / "secret.txt").write_text("not for callers")
     monkeypatch.setenv("MIA_INGEST_ROOT", str(root))
-    with _client() as client:
-        for path in ("../secret.txt", str(tmp_path / "secret.txt"), "missing.txt"):
-            response = client.post("/mia/api/collections/web-path/ingest", json={"paths": [path]})
-            assert response.status_code == 403, response.text
-        assert client.post("/mia/api/collections/web-path/ingest", json={"paths": []}).status_code == 400
+    mine, theirs = isolated_environment / "uploads" / "web-roots", isolated_environment / "uploads" / "web-theirs"
+    mine.mkdir(parents=True), theirs.mkdir(parents=True)
+    (mine / "fox.txt").write_text(story_text("fox-and-wolf", sections=1), encoding="utf-8")
+    (mine / "escape.txt").symlink_to(tmp_path / "secret.txt")
+    (theirs / "theirs.txt").write_text("another collection's upload")
+    refused = [
+        ({"paths": ["../secret.txt"]}, "'..'"),
+        ({"paths": [str(tmp_path / "secret.txt")]}, "absolute"),
+        ({"paths": ["missing.txt"]}, "no such file"),
+        ({"uploads": ["../web-theirs/theirs.txt"]}, "'..'"),
+        ({"uploads": [str(mine / "fox.txt")]}, "absolute"),
+        ({"uploads": ["escape.txt"]}, "symlink"),
+        ({"uploads": ["fox.txt"], "collection": "web-nothing"}, "has no uploaded files"),
+    ]
+    for payload, reason in refused:
+        run = {"collection": "web-roots", "summarizer": "extractive", **payload}
+        with pytest.raises(AuthFailure, match=reason) as failure:
+            check_ingest_paths({"input": run})
+        assert failure.value.status == 403
+        with pytest.raises(PathError, match=reason):
+            ingest_graph.invoke(run)
+    with pytest.raises(PathError, match="no ingest paths"):
+        ingest_graph.invoke({"collection": "web-roots", "summarizer": "extractive"})
+    assert "web-roots" not in list_mindscapes(chroma_client())
+    accepted = {"input": {"uploads": ["fox.txt"], "collection": "web-roots", "summarizer": "extractive"}}
+    check_ingest_paths(accepted)
+    report, _ = _run_ingest(accepted["input"])
+    assert report["books_written"] == ["fox"] and report["chunks"] > 0
 
 
 def test_ingest_reports_progress_per_stage(tmp_path: Path, minilm: Any) -> None:
-    from stores.ingest import IngestOptions, ingest
+    from mia.stores.ingest import IngestOptions, ingest
 
     paths = write_stories(tmp_path / "stories", ("golden-goose", "fox-and-wolf"), sections=2)
     seen: list[tuple[str, int, int]] = []
@@ -271,7 +304,8 @@ def _ask_afresh(site: Site, driver: Any, graph: str) -> Any:
     """Open the page on ``fairy`` with ``graph`` and small settings, ask QUESTION, return the answer."""
     web_page.open_page(driver, site.server, key="key-fairy", collection="fairy", graph=graph)
     for name, value in SMALL.items():
-        web_page.set_setting(driver, name, value)
+        if name in settings_read(graph):  # the panel shows the graph's own settings
+            web_page.set_setting(driver, name, value)
     return web_page.ask(driver, QUESTION)
 
 
@@ -331,6 +365,32 @@ def test_ask_with_rag_then_open_a_citation_in_its_book(site: Site, browser: Any,
 
 @pytest.mark.slow
 @needs_browser
+def test_the_panel_shows_and_sends_the_chosen_graphs_settings(site: Site, browser: Any, embedded_model_file: Path) -> None:
+    """A setting changed for mia_rag stays out of rag's panel and rag's runs (rag's settings hold no
+    k_sum), and is there again back on mia_rag."""
+    web_page.open_page(browser, site.server, key="key-fairy", collection="fairy", graph="mia_rag")
+    for name, value in {"k_sum": 2, "top_k": 3, "max_new_tokens": 16}.items():
+        web_page.set_setting(browser, name, value)
+    web_page.choose(browser, "graph", "rag")
+    web_page.wait_for(browser, lambda d: not d.find_elements("id", "setting-k_sum"), 30, "rag's settings panel")
+    assert browser.find_element("id", "setting-top_k").get_attribute("value") == "3"
+    browser.execute_script("""
+        window.sentContexts = [];
+        const send = window.fetch;
+        window.fetch = (url, options) => {
+          if (String(url).endsWith("/runs/stream")) window.sentContexts.push(JSON.parse(options.body).context);
+          return send(url, options);
+        };""")
+    message = web_page.ask(browser, QUESTION)
+    assert "failed" not in message.get_attribute("class"), message.text
+    assert browser.execute_script("return window.sentContexts;") == [{"top_k": 3, "max_new_tokens": 16, "collection": "fairy"}]
+    web_page.choose(browser, "graph", "mia_rag")
+    web_page.wait_for(browser, lambda d: d.find_elements("id", "setting-k_sum"), 30, "mia_rag's settings panel")
+    assert browser.find_element("id", "setting-k_sum").get_attribute("value") == "2"
+
+
+@pytest.mark.slow
+@needs_browser
 def test_mia_rag_draws_the_signature_and_follows_up_on_its_thread(site: Site, browser: Any, embedded_model_file: Path) -> None:
     _ask_afresh(site, browser, "mia_rag")
     rows = browser.find_elements("css selector", "#signature-panel .sig-row")
@@ -385,6 +445,10 @@ def test_add_a_book_with_a_live_progress_bar_then_delete_it(site: Site, browser:
     bar = browser.find_element("id", "add-bar")
     assert bar.get_attribute("value") == bar.get_attribute("max")
     assert "book 1 of 1 · embedding summaries fox-and-wolf" in browser.find_element("id", "add-stage").text
+    # The upload was ingested by an ordinary run of the ingest graph, on a thread the key can read back.
+    with httpx.Client(base_url=site.server.url, headers={"Authorization": "Bearer key-fairy"}, timeout=30) as http:
+        threads = http.post("/threads/search", json={"metadata": {"graph": "ingest", "collection": "web-added"}}).json()
+    assert [t["values"]["books_written"] for t in threads] == [["fox-and-wolf"]]
     web_page.wait_for(browser, lambda d: "web-added" in _collections_listed(d), 30, "the new collection in the list")
     browser.find_element("css selector", "li[data-collection=web-added] button.delete").click()
     alert = browser.switch_to.alert
@@ -392,3 +456,26 @@ def test_add_a_book_with_a_live_progress_bar_then_delete_it(site: Site, browser:
     alert.accept()
     web_page.wait_for(browser, lambda d: "web-added" not in _collections_listed(d), 30, "the collection to go")
     assert _collections_listed(browser) == ["fairy"]
+
+
+@needs_browser
+def test_add_a_book_by_its_path_under_the_ingest_root(site: Site, browser: Any) -> None:
+    web_page.open_page(browser, site.server, key="key-fairy")
+    browser.find_element("css selector", "#add-book summary").click()
+    name = browser.find_element("id", "add-collection")
+    name.clear()
+    name.send_keys("web-path")
+    browser.find_element("css selector", "input[name=add-mode][value=path]").click()
+    path = browser.find_element("id", "add-path")
+    path.send_keys("../outside.txt")  # refused by the server's run check before any run starts
+    browser.find_element("id", "add-submit").click()
+    web_page.wait_for(browser, lambda d: d.find_element("id", "add-result").text, 30, "the refusal")
+    assert browser.find_element("id", "add-result").text.startswith("Not ingested: ingest path '../outside.txt' contains '..'")
+    path.clear()
+    path.send_keys(f"stories/{STORIES[0]}.txt")
+    browser.find_element("id", "add-submit").click()
+    web_page.wait_for(browser, lambda d: d.find_element("id", "add-result").text.startswith("web-path:"), 120, "the ingestion to finish")
+    assert re.match(r"web-path: 1 book\(s\) written, 0 unchanged; \d+ chunks", browser.find_element("id", "add-result").text)
+    assert f"book 1 of 1 · embedding summaries {STORIES[0]}" in browser.find_element("id", "add-stage").text
+    with httpx.Client(base_url=site.server.url, headers={"Authorization": "Bearer key-admin"}, timeout=60) as http:
+        assert http.delete("/mia/api/collections/web-path").json() == {"removed": "web-path"}

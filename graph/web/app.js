@@ -7,13 +7,12 @@ const GENERATING_NODES = new Set(["generate", "answer"]);
 const PANEL_SETTINGS = ["top_k", "alpha", "k_sum", "retriever", "answer_inputs", "k0", "max_new_tokens",
                         "max_steps", "step_k", "signature_init", "bm25_weight", "bm25_stemming"];
 const RANKING_ROWS = 20;
-const JOB_POLL_MS = 400;
 
 const state = {
   key: sessionStorage.getItem("mia-key") || "",
   collections: [],
-  schema: {},            // setting name -> {type, choices, default, description}
-  overrides: {},         // settings the user changed from the server's defaults
+  schemas: {},           // graph -> {setting name -> {type, choices, default, description}}: what that graph reads
+  overrides: {},         // settings the user changed from the server's defaults, kept across graphs
   thread: null,          // {id, collection, graph}
 };
 window.miaTimings = [];  // per answer: ms from the model's first token to it being on screen
@@ -102,16 +101,15 @@ function readHash() {
 async function boot() {
   const params = readHash();
   try {
-    const [listed, schema] = await Promise.all([api("/mia/api/collections"), api("/mia/api/settings")]);
-    for (const setting of schema.settings) state.schema[setting.name] = setting;
+    if (params.get("graph")) $("graph").value = params.get("graph");
+    const [listed] = await Promise.all([api("/mia/api/collections"), settingsOf($("graph").value)]);
     state.collections = listed.collections;
     const wanted = params.get("collection");
     if (wanted) await api(`/mia/api/collections/${enc(wanted)}`);  // 403 / 404 for a collection the key may not use
+    await renderSettings();
     $("error-page").hidden = true;
     $("app").hidden = false;
     renderCollections(wanted);
-    renderSettings();
-    if (params.get("graph")) $("graph").value = params.get("graph");
     status(listed.auth ? "signed in with an API key" : "no API keys on this server (loopback use)");
   } catch (error) {
     showError(error);
@@ -175,63 +173,94 @@ $("add-form").addEventListener("submit", async (event) => {
   const summarizer = $("add-summarizer").value;
   const mode = document.querySelector("input[name=add-mode]:checked").value;
   $("add-result").textContent = "";
+  $("add-result").className = "";
+  $("add-submit").disabled = true;
   try {
-    let job;
+    const input = {collection, summarizer};
     if (mode === "upload") {
       const file = $("add-file").files[0];
       if (!file) throw new Error("choose a .txt or .md file to upload");
-      const response = await fetch(`/mia/api/collections/${enc(collection)}/upload?filename=${enc(file.name)}&summarizer=${enc(summarizer)}`,
+      const response = await fetch(`/mia/api/collections/${enc(collection)}/upload?filename=${enc(file.name)}`,
                                    {method: "PUT", headers: authHeaders({"Content-Type": "application/octet-stream"}), body: file});
       if (!response.ok) throw await failure(response);
-      job = await response.json();
+      input.uploads = [(await response.json()).upload];
     } else {
       const path = $("add-path").value.trim();
       if (!path) throw new Error("give a path relative to the server's ingest root");
-      job = await postJson(`/mia/api/collections/${enc(collection)}/ingest`, {paths: [path], summarizer});
+      input.paths = [path];
     }
-    await followJob(job);
+    await ingestRun(input);
   } catch (error) {
     if (error instanceof HttpError && error.status === 401) showError(error);
     else $("add-result").textContent = `Not ingested: ${error.message}`;
-  }
-});
-
-async function followJob(job) {
-  $("add-submit").disabled = true;
-  $("add-progress").hidden = false;
-  try {
-    for (;;) {
-      const books = job.books_total ? `book ${Math.min(job.books_done + 1, job.books_total)} of ${job.books_total} · ` : "";
-      const bar = $("add-bar");
-      bar.max = Math.max(job.total, 1);
-      bar.value = job.state === "done" ? bar.max : job.done;
-      $("add-stage").textContent = `${books}${job.stage}${job.total ? ` ${fmt(job.done)}/${fmt(job.total)}` : ""}`;
-      if (job.state !== "running") break;
-      await new Promise((resolve) => setTimeout(resolve, JOB_POLL_MS));
-      job = await api(`/mia/api/jobs/${enc(job.id)}`);
-    }
-    if (job.state === "failed") {
-      $("add-result").textContent = `Failed: ${job.error}`;
-      $("add-result").className = "error";
-      return;
-    }
-    const r = job.report;
-    $("add-result").className = "ok";
-    $("add-result").textContent = `${job.collection}: ${r.books_written.length} book(s) written, ${r.books_unchanged.length} unchanged; `
-      + `${fmt(r.chunks)} chunks, ${fmt(r.summaries)} summaries in ${((job.finished - job.started)).toFixed(1)} s`;
-    await refreshCollections();
-    $("collection").value = job.collection;
   } finally {
     $("add-submit").disabled = false;
   }
+});
+
+function showProgress(progress, finished) {
+  const books = progress.books_total ? `book ${Math.min(progress.books_done + 1, progress.books_total)} of ${progress.books_total} · ` : "";
+  const bar = $("add-bar");
+  bar.max = Math.max(progress.total, 1);
+  bar.value = finished ? bar.max : progress.done;
+  $("add-stage").textContent = `${books}${progress.stage}${progress.total ? ` ${fmt(progress.done)}/${fmt(progress.total)}` : ""}`;
+}
+
+async function ingestRun(input) {
+  // An ordinary run of the ingest graph on its own thread, like a question's: the server's threads
+  // API shows it, and its custom "ingest_progress" events drive the bar.
+  const progress = {stage: "starting", done: 0, total: 0, books_done: 0, books_total: 0};
+  $("add-progress").hidden = false;
+  showProgress(progress, false);
+  const started = performance.now();
+  const thread = await postJson("/threads", {metadata: {collection: input.collection, graph: "ingest", client: "mia-web"}});
+  const response = await fetch(`/threads/${enc(thread.thread_id)}/runs/stream`, {
+    method: "POST",
+    headers: authHeaders({"Content-Type": "application/json", Accept: "text/event-stream"}),
+    body: JSON.stringify({assistant_id: "ingest", input, stream_mode: ["custom", "values"]}),
+  });
+  if (!response.ok) throw await failure(response);
+  let report = {};
+  for await (const event of sseEvents(response)) {
+    if (event.name === "custom" && event.data && event.data.event === "ingest_progress") {
+      const {stage, done, total} = event.data;
+      if (stage === "books") Object.assign(progress, {books_done: done, books_total: total});
+      else Object.assign(progress, {stage, done, total});
+      showProgress(progress, false);
+    } else if (event.name === "values") {
+      report = event.data || {};
+    } else if (event.name === "error") {
+      $("add-result").textContent = `Failed: ${event.data.message || event.data.error || JSON.stringify(event.data)}`;
+      $("add-result").className = "error";
+      return;
+    }
+  }
+  if (!report.books_written) throw new Error("the ingestion run ended without its report; see the server log");
+  showProgress(progress, true);
+  const seconds = (performance.now() - started) / 1000;
+  $("add-result").className = "ok";
+  $("add-result").textContent = `${input.collection}: ${report.books_written.length} book(s) written, ${report.books_unchanged.length} unchanged; `
+    + `${fmt(report.chunks)} chunks, ${fmt(report.summaries)} summaries in ${seconds.toFixed(1)} s`;
+  await refreshCollections();
+  $("collection").value = input.collection;
 }
 
 // ---- settings panel -----------------------------------------------------------------------------
-function renderSettings() {
+async function settingsOf(graph) {
+  // Each graph reads its own settings; the server says which (once per graph and page load).
+  if (!state.schemas[graph]) {
+    const schema = await api(`/mia/api/settings?graph=${enc(graph)}`);
+    state.schemas[graph] = Object.fromEntries(schema.settings.map((setting) => [setting.name, setting]));
+  }
+  return state.schemas[graph];
+}
+
+async function renderSettings() {
+  const schema = await settingsOf($("graph").value);
   const box = $("settings");
   box.replaceChildren();
   for (const name of PANEL_SETTINGS) {
-    const setting = state.schema[name];
+    const setting = schema[name];
     if (!setting) continue;
     const value = name in state.overrides ? state.overrides[name] : setting.default;
     let input;
@@ -255,7 +284,7 @@ function renderSettings() {
   }
 }
 
-$("reset-settings").addEventListener("click", () => { state.overrides = {}; renderSettings(); });
+$("reset-settings").addEventListener("click", () => { state.overrides = {}; renderSettings().catch(showError); });
 
 // ---- chat ---------------------------------------------------------------------------------------
 function newThread() {
@@ -266,7 +295,7 @@ function newThread() {
 
 $("new-thread").addEventListener("click", newThread);
 $("collection").addEventListener("change", newThread);
-$("graph").addEventListener("change", newThread);
+$("graph").addEventListener("change", () => { newThread(); renderSettings().catch(showError); });
 
 $("question").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) {
@@ -322,6 +351,9 @@ async function ask(question) {
   const collection = $("collection").value;
   const graph = $("graph").value;
   if (!collection) throw new Error("choose a collection first (or add a book)");
+  // Only the settings this graph reads: its context holds no others.
+  const schema = await settingsOf(graph);
+  const context = Object.fromEntries(Object.entries(state.overrides).filter(([name]) => name in schema));
   if (!state.thread || state.thread.collection !== collection || state.thread.graph !== graph) {
     const created = await postJson("/threads", {metadata: {collection, graph, client: "mia-web"}});
     state.thread = {id: created.thread_id, collection, graph};
@@ -343,7 +375,7 @@ async function ask(question) {
       body: JSON.stringify({
         assistant_id: graph,
         input: {messages: [{role: "user", content: question}]},
-        context: {...state.overrides, collection},
+        context: {...context, collection},
         stream_mode: ["messages-tuple", "updates", "custom", "values"],
       }),
     });
