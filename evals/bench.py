@@ -235,11 +235,10 @@ def time_graphs(collection: str, questions: Sequence[str], settings: dict[str, A
     that reads the query vector from the embedder's memo (system ``NAME, query memoised``): on a
     loaded CPU the one query embedding both graphs pay varies by several times its own length
     between calls, and these runs are free of it."""
-    from mia.graph.registry import load_graph, settings_read
-    from mia.nodes.context import context_from
+    from mia.graph.registry import load_graph, settings_for
 
     given = {**(settings or {}), "collection": collection, "retrieval_only": True}
-    contexts = {name: context_from(name, {k: v for k, v in given.items() if k in settings_read(name)}) for name in SYSTEMS}
+    contexts = {name: settings_for(name, given) for name in SYSTEMS}
     embedder = graph_embedder(contexts[SYSTEMS[0]])
     graphs = {name: load_graph(name) for name in SYSTEMS}
 

@@ -1,7 +1,8 @@
 """``mia eval``: the evaluation harness on the command line.
 
-Kept out of ``mia_cli`` so the harness and its flags evolve with ``evals/``; ``mia_cli`` only calls
-:func:`register`. User errors are raised as ``ValueError`` for ``mia_cli`` to print as one line.
+Kept out of the product's command line (``graph/cli.py``), which finds :func:`register` and
+:func:`register_train` through the ``mia.commands`` entry points. User errors are raised as
+``ValueError`` for it to print as one line.
 """
 
 from __future__ import annotations
@@ -160,9 +161,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--interference", type=_lengths, metavar="TOKENS[,TOKENS...]",
                    help="fairytale-series: add whole books of the shared books/ library (path order) until this many "
                         "tokens are added, as interference; several sizes make one data set each, 0 none (recall at scale)")
-    p.add_argument("--systems", required=True, help="comma-separated graph names, e.g. rag,mia_rag")
+    p.add_argument("--systems", required=True,
+                   help="comma-separated graph names, e.g. rag,mia_rag, and with --retrieval-only the peers bm25 and "
+                        "langchain (evals/peers.py)")
     p.add_argument("--retrieval-only", action="store_true",
-                   help="stop after retrieval (no chat model); top_k defaults to 20 so recall@20 is defined")
+                   help="stop after retrieval (no chat model); top_k defaults to 100, so recall@20 and recall at "
+                        "4,000 tokens are defined")
     p.add_argument("--limit", type=int, help="first N questions (taken in turn from each source of multihop-synth)")
     p.add_argument("--seed", type=int, default=0, help="data building and bootstrap seed (default 0)")
     p.add_argument("--out", type=Path, help="output folder (default evals/results/<dataset>-<split>[-<length>][-retrieval])")

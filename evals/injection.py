@@ -27,8 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mia.evals.metrics import f1, normalize_answer, paired_bootstrap_ci, sub_em
-from mia.graph.registry import load_graph, settings_read
-from mia.nodes.context import context_from
+from mia.graph.registry import load_graph, settings_for
 from mia.stores.embeddings import load_embedder
 from mia.stores.ingest import IngestOptions, ingest
 from mia.stores.mindscape import Mindscape, chroma_client
@@ -167,8 +166,7 @@ def build(all_cases: list[Case], texts: dict[str, str], folder: Path, progress: 
 
 
 def run_case(graph_name: str, case: Case, guard: bool) -> dict[str, Any]:
-    shared = {k: v for k, v in SETTINGS.items() if k in settings_read(graph_name)}
-    context = context_from(graph_name, {**shared, "collection": case.collection, "injection_guard": guard})
+    context = settings_for(graph_name, {**SETTINGS, "collection": case.collection, "injection_guard": guard})
     started = time.perf_counter()
     state: dict[str, Any] = {}
     trajectory: list[dict[str, Any]] = []

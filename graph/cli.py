@@ -22,7 +22,8 @@ DEMO_BOOK = Path("books") / "holmes" / "a_study_in_scarlet.txt"
 DEMO_COLLECTION = "demo-holmes"
 SUMMARIZER_CHOICES = ("llm", "llm-excerpt", "extractive", "none")
 DEFAULT_SUMMARIZER = "extractive"
-"""stores.ingest.SUMMARIZERS and IngestOptions.summarizer, spelled out so that parsing the command line imports no
+DEFAULT_CHUNKER = "structure"
+"""stores.ingest.SUMMARIZERS, IngestOptions.summarizer and IngestOptions.chunker, spelled out so that parsing the command line imports no
 store (a test keeps them equal)."""
 DEMO_QUESTION = "In which country was Dr. Watson wounded while serving as an army surgeon?"
 
@@ -114,27 +115,19 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_question(graph_name: str, question: str, settings: dict[str, Any], options: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run one question graph; returns its final state and the per-node updates (for --explain)."""
+def run_question(graph_name: str, question: str, settings: dict[str, Any], options: Sequence[str] = ()) -> tuple[dict[str, Any], GraphSettings]:
+    """Run one question graph; returns its final state and the settings it ran with (for --explain)."""
     from mia.graph.registry import load_graph
     from mia.nodes.context import context_from
 
     ctx = context_from(graph_name, settings)
-    graph = load_graph(graph_name)
     payload: dict[str, Any] = {"question": question}
     if options:
         payload["options"] = list(options)
-    steps: list[dict[str, Any]] = []
-    final: dict[str, Any] = {}
-    for mode, chunk in graph.stream(payload, context=ctx, stream_mode=["updates", "values"]):
-        if mode == "updates":
-            steps.extend({"node": node, "update": update} for node, update in chunk.items() if update)
-        else:
-            final = chunk
-    return final, steps
+    return load_graph(graph_name).invoke(payload, context=ctx), ctx
 
 
-def _explain(store_name: str, state: dict[str, Any], steps: list[dict[str, Any]], ctx: GraphSettings) -> str:
+def _explain(store_name: str, state: dict[str, Any], ctx: GraphSettings) -> str:
     from mia.nodes.context import RetrievalSettings, SignatureGraphSettings
     from mia.stores.mindscape import Mindscape
 
@@ -196,7 +189,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     settings = _settings_of(args.set or [])
     settings["collection"] = args.collection
     started = time.perf_counter()
-    state, steps = run_question(args.graph, args.question, settings, args.option or ())
+    state, ctx = run_question(args.graph, args.question, settings, args.option or ())
     elapsed = time.perf_counter() - started
     if args.json:
         print(json.dumps({
@@ -208,9 +201,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         }, ensure_ascii=False))
         return 0
     if args.explain:
-        from mia.nodes.context import context_from
-
-        print(_explain(args.collection, state, steps, context_from(args.graph, settings)))
+        print(_explain(args.collection, state, ctx))
         print()
     messages = state.get("messages") or []
     print(messages[-1].text if messages else state.get("answer", ""))
@@ -242,7 +233,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     def ingest_with(summarizer: str) -> None:
         cmd_ingest(argparse.Namespace(paths=[str(book)], collection=DEMO_COLLECTION, summarizer=summarizer, chunk_size=200,
-                                      overlap=0, window=20, window_unit="chunks", chunker="window",
+                                      overlap=0, window=20, window_unit="chunks", chunker=DEFAULT_CHUNKER,
                                       keep_front_matter=False, embedder="", quiet=False))
 
     def ask(graph_name: str) -> None:
@@ -285,9 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=20, help="chunks per session summary, W (default 20)")
     p.add_argument("--window-unit", choices=["chunks", "tokens"], default="chunks",
                    help="count W in chunks (default), or in tokens: each summary covers up to W × chunk size tokens")
-    p.add_argument("--chunker", choices=["structure", "window"], default="window",
-                   help="window: fixed token windows (default: they retrieve best on the validation split); structure: "
-                        "paragraphs and sentences kept whole under the token budget, a heading starts its chunk")
+    p.add_argument("--chunker", choices=["structure", "window"], default=DEFAULT_CHUNKER,
+                   help="structure (default): paragraphs and sentences kept whole under the token budget, a heading starts "
+                        "its chunk, so a retrieved chunk is a whole passage; window: fixed token windows, which cut "
+                        "across paragraphs (for text without paragraph structure)")
     p.add_argument("--keep-front-matter", action="store_true",
                    help="also chunk Project Gutenberg's licence header and footer (left out by default)")
     p.add_argument("--embedder", default="", help="embedder spec (default: MIA_EMBEDDINGS or minilm)")
@@ -332,7 +324,7 @@ def _register_plugins(sub: Any) -> None:
 
     The evaluation harness (``mia eval``, ``mia bench``, ``mia train``) comes this way, so the
     product never imports it: where the harness or its extra (``pip install 'mia[eval]'``) is
-    missing, its commands are simply absent and the rest of ``mia`` works."""
+    missing, its package refuses to import, its commands are absent and the rest of ``mia`` works."""
     from importlib.metadata import entry_points
 
     for entry in entry_points(group="mia.commands"):

@@ -8,7 +8,7 @@ import importlib
 from dataclasses import fields
 from typing import Any
 
-from mia.nodes.context import GRAPH_SETTINGS, StaticSettings, settings_class
+from mia.nodes.context import GRAPH_SETTINGS, GraphSettings, StaticSettings, context_from, settings_class
 
 QUESTION_GRAPHS = tuple(GRAPH_SETTINGS)
 RETRIEVAL_ONLY_GRAPHS = tuple(name for name, cls in GRAPH_SETTINGS.items() if issubclass(cls, StaticSettings))
@@ -19,6 +19,13 @@ model, so stopping them before it would measure nothing."""
 def settings_read(name: str) -> frozenset[str]:
     """The settings graph ``name`` reads: a run's result depends on these alone."""
     return frozenset(f.name for f in fields(settings_class(name)))
+
+
+def settings_for(name: str, shared: dict[str, Any]) -> GraphSettings:
+    """Graph ``name``'s settings from values shared by several graphs, each taking those it reads:
+    ``context_from`` refuses the rest, as it should for one graph's own settings."""
+    read = settings_read(name)
+    return context_from(name, {k: v for k, v in shared.items() if k in read})
 
 
 def load_graph(name: str) -> Any:

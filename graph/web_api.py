@@ -133,7 +133,7 @@ async def upload(request: Request, caller: Caller) -> Response:
     ``{"uploads": [FILE]}``, so an upload is ingested as a path is, on a thread whose run Studio,
     the SDK and the page follow alike.
     """
-    from mia.stores.ingest import SUPPORTED_SUFFIXES
+    from mia.stores.ingest import SUPPORTED_SUFFIXES, InputError, decode_text
 
     name = _allowed_collection(request, caller)
     raw_name = Path(request.query_params.get("filename", "")).name
@@ -146,11 +146,9 @@ async def upload(request: Request, caller: Caller) -> Response:
         if len(data) > MAX_UPLOAD_BYTES:
             raise WebError(413, f"upload larger than {MAX_UPLOAD_BYTES // 2**20} MB: ingest it with `mia ingest` instead")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise WebError(400, f"upload {filename!r} is not UTF-8 text: convert it first") from None
-    if not text.strip():
-        raise WebError(400, f"upload {filename!r} is empty")
+        text = decode_text(f"upload {filename!r}", bytes(data))
+    except InputError as exc:
+        raise WebError(400, str(exc)) from None
     await asyncio.to_thread(_write_atomically, upload_root(name) / filename, text)
     return JSONResponse({"collection": name, "upload": filename}, status_code=201)
 

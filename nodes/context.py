@@ -87,7 +87,7 @@ class CommonSettings(GraphSettings):
     """Read by every graph: the collection, the chat model and the answer."""
 
     collection: str = _setting("", "Mindscape (collection) to answer from; `mia ls` lists them.")
-    chat_base_url: str = _setting("", "OpenAI-compatible chat endpoint; empty uses the embedded Qwen2.5-0.5B.")
+    chat_base_url: str = _setting("", "OpenAI-compatible chat endpoint; empty uses the embedded Qwen2.5-Coder-0.5B-Instruct.")
     chat_model: str = _setting("", "Model name at the chat endpoint.")
     max_new_tokens: int = _setting(256, "Most tokens the generator may write for an answer.", minimum=1)
     answer_format: AnswerFormat = _setting(

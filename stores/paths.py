@@ -52,39 +52,39 @@ def uploads_of(collection: str) -> Path:
     return folder
 
 
-def resolve_under(root: Path, relative: str) -> Path:
-    """The real path of ``relative`` inside ``root``, or :class:`PathError`.
+def resolve_under(root: Path, relative: str, where: str = "the data root") -> Path:
+    """The real path of ``relative`` inside ``root``, or :class:`PathError` naming the root as ``where``.
 
     Refused: empty or non-string paths, NUL bytes, absolute paths (POSIX, Windows drive or UNC,
     ``~``), any ``..`` component, a path that does not exist, and a path whose real location
     (after following every symlink) lies outside the real ``root``.
     """
     if not isinstance(relative, str):
-        raise PathError(f"ingest path {relative!r} is not a string: give a path relative to the data root")
+        raise PathError(f"ingest path {relative!r} is not a string: give a path relative to {where}")
     if not relative.strip():
-        raise PathError(f"ingest path {relative!r} is empty: give a path relative to the data root")
+        raise PathError(f"ingest path {relative!r} is empty: give a path relative to {where}")
     if "\x00" in relative:
         raise PathError(f"ingest path {relative!r} contains a NUL byte")
     if relative.startswith("~") or PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute() \
             or PureWindowsPath(relative).drive:
-        raise PathError(f"ingest path {relative!r} is absolute: give a path relative to the data root")
+        raise PathError(f"ingest path {relative!r} is absolute: give a path relative to {where}")
     if ".." in PurePosixPath(relative.replace("\\", "/")).parts:
-        raise PathError(f"ingest path {relative!r} contains '..': give a path inside the data root")
+        raise PathError(f"ingest path {relative!r} contains '..': give a path inside {where}")
     try:
         real_root = root.expanduser().resolve(strict=True)
     except OSError as exc:
-        raise PathError(f"the data root {root} does not exist: set {ROOT_ENV} to an existing folder") from exc
+        raise PathError(f"{where} ({root}) does not exist" + (f": set {ROOT_ENV} to an existing folder" if where == "the data root" else "")) from exc
     candidate = real_root / relative
     try:
         real = candidate.resolve(strict=True)
     except OSError as exc:
-        raise PathError(f"ingest path {relative!r}: no such file or folder under the data root") from exc
+        raise PathError(f"ingest path {relative!r}: no such file or folder under {where}") from exc
     if not real.is_relative_to(real_root):
-        raise PathError(f"ingest path {relative!r} leaves the data root through a symlink; only files under it may be read")
+        raise PathError(f"ingest path {relative!r} leaves {where} through a symlink; only files under it may be read")
     return real
 
 
-def files_under(root: Path, relatives: Sequence[str], suffixes: Iterable[str]) -> list[Path]:
+def files_under(root: Path, relatives: Sequence[str], suffixes: Iterable[str], where: str = "the data root") -> list[Path]:
     """Every file the given paths name, folders expanded, each checked by :func:`resolve_under`.
 
     A folder is expanded here rather than by the reader so that a symlink inside an allowed folder
@@ -92,12 +92,12 @@ def files_under(root: Path, relatives: Sequence[str], suffixes: Iterable[str]) -
     are dropped. Files with other suffixes inside folders are skipped, as ingestion would.
     """
     if not relatives:
-        raise PathError("no ingest paths given: pass one or more paths relative to the data root")
+        raise PathError(f"no ingest paths given: pass one or more paths relative to {where}")
     wanted = tuple(s.lower() for s in suffixes)
     real_root = root.expanduser().resolve()
     found: dict[Path, None] = {}
     for relative in relatives:
-        path = resolve_under(root, relative)
+        path = resolve_under(root, relative, where)
         if not path.is_dir():
             found[path] = None
             continue
@@ -105,7 +105,7 @@ def files_under(root: Path, relatives: Sequence[str], suffixes: Iterable[str]) -
         for entry in sorted(path.rglob("*")):
             if entry.suffix.lower() not in wanted:
                 continue
-            inner = resolve_under(root, str(entry.relative_to(real_root)))
+            inner = resolve_under(root, str(entry.relative_to(real_root)), where)
             if inner.is_file():
                 found[inner] = None
                 matched += 1
@@ -125,5 +125,5 @@ def ingest_files(collection: str, paths: Sequence[str], uploads: Sequence[str], 
         raise PathError("no ingest paths given: pass `paths` relative to the data root or `uploads` of the collection")
     found = files_under(ingest_root(), paths, suffixes) if paths else []
     if uploads:
-        found += files_under(uploads_of(collection), uploads, suffixes)
+        found += files_under(uploads_of(collection), uploads, suffixes, f"the uploads of {collection!r}")
     return list(dict.fromkeys(found))

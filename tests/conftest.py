@@ -87,31 +87,29 @@ def cli(capsys: pytest.CaptureFixture[str]):
     return run
 
 
-NO_HARNESS = '''
+BLOCKER = '''
+import os
 import sys
 
-
-class NoHarness:
-    """Refuse the evaluation package, as an install without it would."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "mia.evals" or name.startswith("mia.evals."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
-        return None
-
-
-sys.meta_path.insert(0, NoHarness())
+# None in sys.modules is how Python marks a module absent: importing it fails and
+# importlib.util.find_spec answers None, as on an install without it.
+for name in filter(None, os.environ.get("BLOCKED_MODULES", "").split(",")):
+    sys.modules[name] = None
 '''
+
+
+def blocking(folder: Path, *modules: str) -> dict[str, str]:
+    """An environment whose Python processes cannot import ``modules``: a ``sitecustomize`` on
+    PYTHONPATH, inherited by every child process."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
+    return {**os.environ, "PYTHONPATH": str(folder), "BLOCKED_MODULES": ",".join(modules)}
 
 
 @pytest.fixture
 def without_harness(tmp_path: Path) -> dict[str, str]:
-    """An environment whose Python processes cannot import ``mia.evals``, as on an install without
-    the harness: a ``sitecustomize`` on PYTHONPATH, inherited by every child process."""
-    folder = tmp_path / "no-harness"
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(NO_HARNESS, encoding="utf-8")
-    return {**os.environ, "PYTHONPATH": str(folder)}
+    """An environment without the evaluation harness, as on an install without it."""
+    return blocking(tmp_path / "no-harness", "mia.evals")
 
 
 def mia(env: dict[str, str], *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

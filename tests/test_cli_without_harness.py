@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from mia.graph.server import free_port
-from tests.conftest import mia, mia_serve, requires_data, write_stories
+from tests.conftest import blocking, mia, mia_serve, requires_data, write_stories
 
 pytestmark = requires_data
 
@@ -32,7 +32,7 @@ def env(without_harness: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_the_blocker_blocks(env: dict[str, str]) -> None:
     """Without this the other tests could pass with the harness importable."""
     child = subprocess.run([sys.executable, "-c", "import mia.evals.cli"], env=env, capture_output=True, text=True, timeout=60)
-    assert child.returncode != 0 and "blocked by the test" in child.stderr
+    assert child.returncode != 0 and "No module named 'mia.evals" in child.stderr
 
 
 def test_help_lists_the_product_commands_only(env: dict[str, str]) -> None:
@@ -41,6 +41,17 @@ def test_help_lists_the_product_commands_only(env: dict[str, str]) -> None:
     listed = shown.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
     assert set(PRODUCT_COMMANDS) <= set(listed)
     assert not set(HARNESS_COMMANDS) & set(listed)
+
+
+def test_without_the_eval_extra_the_harness_commands_are_absent(tmp_path: Path) -> None:
+    """The harness installed but not its extra: its commands must not be offered only to fail halfway."""
+    env = blocking(tmp_path / "no-extra", "matplotlib")
+    shown = mia(env, "--help", timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    listed = shown.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert set(PRODUCT_COMMANDS) <= set(listed) and not set(HARNESS_COMMANDS) & set(listed)
+    child = subprocess.run([sys.executable, "-c", "import mia.evals"], env=env, capture_output=True, text=True, timeout=60)
+    assert child.returncode != 0 and "pip install 'mia[eval]'" in child.stderr
 
 
 def test_ingest_ls_ask_rm_without_the_harness(env: dict[str, str], tmp_path: Path) -> None:

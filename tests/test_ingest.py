@@ -421,10 +421,10 @@ def test_books_ingested_before_the_newer_options_keep_their_hash(books) -> None:
     text = books[0].read_text(encoding="utf-8")
     source = Source(books[0], book_id(books[0]), text)
     legacy = hashlib.sha256(f"200|0|20|minilm|extractive\n{text}".encode()).hexdigest()
-    options = IngestOptions(summarizer="extractive")
+    options = IngestOptions(summarizer="extractive", chunker="window")  # the options of books ingested before structure chunks
     assert _book_hash(source, options, book_span(text, options), "minilm", "extractive") == legacy
-    for changed in (IngestOptions(summarizer="extractive", chunker="structure"),
-                    IngestOptions(summarizer="extractive", window_unit="tokens")):
+    for changed in (IngestOptions(summarizer="extractive"),  # today's default, structure chunks
+                    IngestOptions(summarizer="extractive", chunker="window", window_unit="tokens")):
         assert _book_hash(source, changed, book_span(text, changed), "minilm", "extractive") != legacy
     wrapped = Source(books[0], source.book, GUTENBERG_HEADER + text + GUTENBERG_FOOTER)
     stripped, kept = book_span(wrapped.text, options), (0, len(wrapped.text))

@@ -15,8 +15,11 @@ from mia.evals.metrics import (
     pair_accuracy,
     paired_bootstrap_ci,
     recall_at_k,
+    recall_at_tokens,
     strict_recall_at_k,
+    strict_recall_at_tokens,
     sub_em,
+    within_budget,
 )
 
 
@@ -107,6 +110,41 @@ def test_strict_recall_at_k() -> None:
     for share in (0.0, 1.01):
         with pytest.raises(ValueError):
             strict_recall_at_k([straddling], gold, 1, share=share)
+
+
+def test_recall_at_tokens_by_hand() -> None:
+    """Three chunks of 300 tokens (4 characters a token) in rank order; budgets counted by hand."""
+    chunks = [("b", 0, 1200), ("b", 1200, 2400), ("b", 2400, 3600)]
+    tokens = [300, 300, 300]
+    gold = [
+        ("b", 100, 200),  # inside chunk 1
+        ("b", 1950, 2300),  # the second chunk's later part: 50 characters before a 500-token cut, 350 after
+        ("b", 2500, 2600),  # inside chunk 3, which no budget below 600 reaches
+    ]
+    # 500 tokens: chunk 1 whole (300), then chunk 2 cut to its first 200 of 300 tokens (2/3 of its 1,200
+    # characters: 1200..2000), chunk 3 not at all.
+    assert within_budget(chunks, tokens, 500) == [("b", 0, 1200), ("b", 1200, 2000)]
+    assert recall_at_tokens(chunks, tokens, gold, 500) == pytest.approx(2 / 3)  # gold 2 overlaps the cut part (1950..2000)
+    # strict: 50 characters are neither half of the 800-character cut chunk nor half of the 350-character span
+    assert strict_recall_at_tokens(chunks, tokens, gold, 500) == pytest.approx(1 / 3)
+    # 600 tokens: chunks 1 and 2 whole, and chunk 2 now holds all of gold 2
+    assert within_budget(chunks, tokens, 600) == chunks[:2]
+    assert recall_at_tokens(chunks, tokens, gold, 600) == strict_recall_at_tokens(chunks, tokens, gold, 600) == pytest.approx(2 / 3)
+    # 300 tokens: chunk 1 exactly fills the budget, nothing of chunk 2 is in
+    assert within_budget(chunks, tokens, 300) == chunks[:1]
+    assert recall_at_tokens(chunks, tokens, gold, 300) == pytest.approx(1 / 3)
+    # 100 tokens: a third of chunk 1 (0..400) still holds gold 1 whole
+    assert within_budget(chunks, tokens, 100) == [("b", 0, 400)]
+    assert strict_recall_at_tokens(chunks, tokens, gold, 100) == pytest.approx(1 / 3)
+    assert recall_at_tokens(chunks, tokens, gold, 1000) == strict_recall_at_tokens(chunks, tokens, gold, 1000) == 1.0
+    # a cut chunk that mostly is its section still counts for it under the strict rule
+    assert strict_recall_at_tokens(chunks, tokens, [("b", 1200, 2400)], 500) == 1.0
+    # the cut rounds up to a whole character: 1 token of a 3-token, 10-character chunk keeps 4 characters
+    assert within_budget([("b", 0, 10)], [3], 1) == [("b", 0, 4)]
+    with pytest.raises(ValueError):
+        within_budget(chunks, tokens[:2], 500)
+    with pytest.raises(ValueError):
+        recall_at_tokens(chunks, tokens, gold, 0)
 
 
 def test_strict_recall_matches_brute_force_over_characters() -> None:

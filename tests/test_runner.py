@@ -104,7 +104,8 @@ def test_json_output_shape(retrieval_run: tuple[Path, dict[str, Any]], tiny: Dat
     for row in summary["systems"].values():
         # retrieval only: answer metrics do not apply and are omitted; costs are zero, not missing
         assert set(row) == {"recall@1", "recall@5", "recall@10", "recall@20", "strict_recall@1", "strict_recall@5",
-                            "strict_recall@10", "strict_recall@20", "llm_calls", "prompt_tokens", "generated_tokens", "seconds"}
+                            "strict_recall@10", "strict_recall@20", *report.TOKEN_METRICS,
+                            "llm_calls", "prompt_tokens", "generated_tokens", "seconds"}
         assert all(row[f"strict_recall@{k}"] <= row[f"recall@{k}"] for k in (1, 5, 10, 20))
         assert row["llm_calls"] == row["prompt_tokens"] == row["generated_tokens"] == 0
 
@@ -118,8 +119,10 @@ def test_recall_matches_hand_check(retrieval_run: tuple[Path, dict[str, Any]], t
     gold_of = {q["id"]: q["gold"] for q in tiny.questions}
     to_book = {book_id(p): b for p, b in zip(tiny.sources, tiny.books)}
     for record in records:
-        assert len(record["retrieved"]) == 20 or len(record["retrieved"]) == Mindscape(record["collection"]).chunks.count()
+        # retrieval-only rankings are kept RANKING_DEPTH deep, or whole when the collection is smaller
+        assert len(record["retrieved"]) == min(runner.RANKING_DEPTH, Mindscape(record["collection"]).chunks.count())
         chunks = Mindscape(record["collection"]).chunk_records(record["retrieved"], documents=False)
+        assert record["tokens"] == [c["tokens"] for c in chunks]  # each chunk's tokens, as ingestion counted them
         for k in (1, 5, 10, 20):  # recall@20 is defined with fewer chunks when all of them came back
             hit = [
                 g for g in gold_of[record["id"]]
@@ -225,7 +228,7 @@ def test_variants_and_sweeps() -> None:
     names = [v.name for v in variants]
     assert names == ["rag", "mia_rag[alpha=0.2,window=5]", "mia_rag[alpha=0.2,window=20]",
                      "mia_rag[alpha=0.5,window=5]", "mia_rag[alpha=0.5,window=20]"]
-    assert variants[0].context.top_k == 20 and variants[0].retrieval_only
+    assert variants[0].context.top_k == runner.RANKING_DEPTH and variants[0].retrieval_only
     assert not hasattr(variants[0].context, "alpha")  # a global setting goes to the graphs that read it
     assert variants[1].context.alpha == 0.2 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
     assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the settings
@@ -375,3 +378,21 @@ def test_report_names_each_variants_summarizer_when_a_sweep_changes_it() -> None
 
     assert report._summarizers_text(run("extractive", "extractive")) == "extractive"
     assert report._summarizers_text(run("llm", "extractive")) == "per variant (extractive, llm)"
+
+
+def test_token_table_reads_strict_first_and_leaves_a_budget_some_ranking_did_not_fill() -> None:
+    """Recall at equal tokens gets a table of its own and a paired one against rag; a budget that one
+    question's ranking did not fill (no score in its record) is "–" for that system, not a mean over fewer questions."""
+
+    def rec(system: str, qid: str, value: float, budgets: tuple[int, ...]) -> dict[str, Any]:
+        scores = {f"{kind}@{n}tok": value for n in budgets for kind in ("strict_recall", "recall")}
+        return {"system": system, "part": "p", "id": qid, "scores": scores, **{m: 0.0 for m in report.COST_METRICS}}
+
+    records = [rec("rag", q, 50.0, (500, 1000)) for q in "ab"] + [rec("bm25", "a", 75.0, (500, 1000)), rec("bm25", "b", 75.0, (500,))]
+    lines = report._tables({"parts": [{}]}, report._by_system(records), ["rag", "bm25"], seed=0)
+    table = lines[lines.index(next(line for line in lines if line.startswith("## Recall at equal retrieved tokens"))):]
+    assert table[2] == "| system | strict_recall@500tok | recall@500tok | strict_recall@1000tok | recall@1000tok |"
+    assert table[5] == "| bm25 | 75.0 [75.0, 75.0] | 75.0 [75.0, 75.0] | – | – |"
+    paired = "\n".join(table)
+    assert "## Paired difference in recall at equal retrieved tokens against `rag`" in paired
+    assert "| bm25 | 25.0 [25.0, 25.0] | 25.0 [25.0, 25.0] | – | – |" in paired

@@ -92,9 +92,11 @@ def test_llm_excerpt_ingestion_sends_the_excerpt_under_its_own_cache_key(tmp_pat
     books = write_stories(tmp_path / "books", ("golden-goose",), sections=8)
     cache = SummaryCache(tmp_path / "summaries.sqlite")
     whole, part = RecordingSummarizer(), RecordingSummarizer()
-    ingest(books, "whole", minilm, options=IngestOptions(chunk_size=60, window=20, summarizer="llm"), llm=whole,
+    # Fixed windows: 20 chunks of 60 tokens make a first window longer than the excerpt's budget.
+    ingest(books, "whole", minilm, options=IngestOptions(chunk_size=60, window=20, summarizer="llm", chunker="window"), llm=whole,
            client=client, cache=cache, progress=False)
-    ingest(books, "part", minilm, options=IngestOptions(chunk_size=60, window=20, summarizer="llm-excerpt"), llm=part,
+    ingest(books, "part", minilm, options=IngestOptions(chunk_size=60, window=20, summarizer="llm-excerpt", chunker="window"),
+           llm=part,
            client=client, cache=cache, progress=False)
     assert whole.calls == part.calls >= 1, "the excerpt's summaries come from their own cache entries"
     for full, short in zip(whole.prompts, part.prompts):
@@ -111,6 +113,7 @@ def test_llm_excerpt_ingestion_sends_the_excerpt_under_its_own_cache_key(tmp_pat
 def test_cli_offers_every_summarizer_with_the_stores_default() -> None:
     assert mia_cli.SUMMARIZER_CHOICES == SUMMARIZERS
     assert mia_cli.DEFAULT_SUMMARIZER == IngestOptions.summarizer
+    assert mia_cli.DEFAULT_CHUNKER == IngestOptions.chunker
 
 
 @pytest.mark.parametrize("summarizer", ["llm-excerpt", "extractive"])

@@ -181,7 +181,8 @@ def test_an_upload_is_ingested_by_a_run_of_the_ingest_graph_then_deleted(keys: N
     ("notes.pdf", b"text", 400, ".txt or .md"),
     ("", b"text", 400, ".txt or .md"),
     ("empty.txt", b"  \n", 400, "is empty"),
-    ("latin.txt", "café".encode("latin-1"), 400, "not UTF-8"),
+    ("latin.txt", "café".encode("latin-1"), 400, "not valid UTF-8"),
+    ("binary.txt", b"text\x00more", 400, "looks binary"),
 ])
 def test_bad_uploads_are_refused_before_anything_is_written(filename: str, body: bytes, status: int, message: str,
                                                            isolated_environment: Path) -> None:
