@@ -3,12 +3,15 @@
 Answer metrics follow the SQuAD conventions so numbers are comparable with the papers we reproduce;
 each takes one prediction and a list of acceptable golds and scores the best gold. Recall@k works on
 character spans, so it is defined whatever the chunk size; strict recall@k also asks how much of a
-chunk or of the gold span they share, so it can tell chunkers apart. Confidence intervals are
-percentile bootstraps with a fixed seed, so a rerun reports the same interval.
+chunk or of the gold span they share, so it can tell chunkers apart. Recall at N tokens scores the
+same rules on the first N retrieved tokens rather than the first k chunks, so systems whose chunks
+differ in size are compared on the same amount of text. Confidence intervals are percentile
+bootstraps with a fixed seed, so a rerun reports the same interval.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -18,6 +21,10 @@ import numpy as np
 
 Span = tuple[str, int, int]
 """(book, start, end): character offsets into the book's text, end exclusive."""
+
+TOKEN_BUDGETS = (500, 1000, 2000, 4000)
+"""Retrieved-token budgets of recall at N tokens (``recall_at_tokens``): about 2, 5, 10 and 20
+chunks of MiA's 200 tokens."""
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -91,16 +98,68 @@ def strict_recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int, 
     boundary is credited with both sections, a chunk that ends at the paragraph with one. This rule
     credits a chunk with a span only when it mostly is that span or holds most of it.
     """
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share}")
+    _check_share(share)
     return _recall(retrieved, gold, k, share)
 
 
+def within_budget(retrieved: Sequence[Span], tokens: Sequence[int], budget: int) -> list[Span]:
+    """What a reader given the first ``budget`` retrieved tokens holds: the chunks in rank order
+    while their ``tokens`` add up to at most ``budget``, then the chunk that crosses the budget cut
+    to its first (budget − used) tokens; the chunks after it not at all.
+
+    Cut rather than dropped, so every system is scored on exactly ``budget`` tokens whatever its
+    chunk size: dropping the crossing chunk would leave a system of 1,000-token chunks up to 999
+    tokens short of the budget and one of 100-token chunks at most 99, which is the bias towards
+    small chunks that a token budget is there to remove. Spans carry no text, so the cut is placed
+    in proportion by characters (rounded up, so the partly counted token is in): exact at a chunk's
+    ends, and within it off by how unevenly its tokens spread over its characters.
+    """
+    if budget <= 0:
+        raise ValueError(f"budget must be positive, got {budget}")
+    if len(tokens) != len(retrieved):
+        raise ValueError(f"one token count per retrieved chunk: got {len(tokens)} for {len(retrieved)} chunks")
+    taken: list[Span] = []
+    used = 0
+    for (book, start, end), count in zip(retrieved, tokens):
+        if used + count <= budget:
+            taken.append((book, start, end))
+            used += count
+            continue
+        left = budget - used
+        if left > 0:
+            taken.append((book, start, start + math.ceil((end - start) * left / count)))
+        break
+    return taken
+
+
+def recall_at_tokens(retrieved: Sequence[Span], tokens: Sequence[int], gold: Sequence[Span], budget: int) -> float:
+    """``recall_at_k``'s rule on the first ``budget`` retrieved tokens (``within_budget``)."""
+    return _covered(within_budget(retrieved, tokens, budget), gold, share=0.0)
+
+
+def strict_recall_at_tokens(retrieved: Sequence[Span], tokens: Sequence[int], gold: Sequence[Span], budget: int,
+                            share: float = 0.5) -> float:
+    """``strict_recall_at_k``'s rule on the first ``budget`` retrieved tokens (``within_budget``):
+    a chunk cut at the budget counts by the part of it that is in."""
+    _check_share(share)
+    return _covered(within_budget(retrieved, tokens, budget), gold, share)
+
+
+def _check_share(share: float) -> None:
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+
+
 def _recall(retrieved: Sequence[Span], gold: Sequence[Span], k: int, share: float) -> float:
-    """Both recalls: a chunk hits a span of its book that it overlaps by at least ``share`` of its
-    own length or of the span's (``share`` 0: any overlap at all)."""
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")
+    return _covered(retrieved[:k], gold, share)
+
+
+def _covered(chunks: Sequence[Span], gold: Sequence[Span], share: float) -> float:
+    """Every recall: the share of gold spans hit by one of ``chunks``, where a chunk hits a span of
+    its book that it overlaps by at least ``share`` of its own length or of the span's (``share``
+    0: any overlap at all)."""
     if not gold:
         raise ValueError("recall is undefined without gold spans; skip such questions")
 
@@ -109,8 +168,7 @@ def _recall(retrieved: Sequence[Span], gold: Sequence[Span], k: int, share: floa
         inside = min(end, g_end) - max(start, g_start)
         return book == g_book and inside > 0 and (inside >= share * (end - start) or inside >= share * (g_end - g_start))
 
-    top = retrieved[:k]
-    return sum(any(hits(chunk, span) for chunk in top) for span in gold) / len(gold)
+    return sum(any(hits(chunk, span) for chunk in chunks) for span in gold) / len(gold)
 
 
 def _letter(choice: str) -> str:

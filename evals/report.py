@@ -20,11 +20,16 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from mia.evals.metrics import bootstrap_ci, pair_accuracy, paired_bootstrap_ci
+from mia.evals.metrics import TOKEN_BUDGETS, bootstrap_ci, pair_accuracy, paired_bootstrap_ci
 
-SCORE_METRICS = ("recall@1", "recall@5", "recall@10", "recall@20",
-                 "strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
+SCORE_METRICS = ("strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
+                 "recall@1", "recall@5", "recall@10", "recall@20",
                  "f1", "em", "sub_em", "accuracy", "claim_accuracy")
+"""The results table's scores. Strict recall leads: plain recall credits a chunk with every gold
+section it touches, so it rewards where a chunker cuts (``metrics.strict_recall_at_k``)."""
+TOKEN_METRICS = tuple(f"{kind}@{budget}tok" for budget in TOKEN_BUDGETS for kind in ("strict_recall", "recall"))
+"""Recall at equal retrieved tokens, in a table of its own: systems whose chunks differ in size
+compared on the same amount of text."""
 COST_METRICS = ("llm_calls", "prompt_tokens", "generated_tokens", "seconds")
 PRIMARY_SCORES = ("f1", "accuracy", "claim_accuracy", "recall@10", "recall@5", "recall@1")
 """The score plotted against source length: the answer metric when there is one, else recall."""
@@ -49,7 +54,7 @@ def metric_values(records: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     """Per-question values of every metric defined on *all* of a system's questions: averaging a
     metric over the subset where it happens to exist would compare systems on different questions."""
     values: dict[str, list[float]] = {}
-    for metric in SCORE_METRICS:
+    for metric in (*SCORE_METRICS, *TOKEN_METRICS):
         if records and all(metric in r["scores"] for r in records):
             values[metric] = [float(r["scores"][metric]) for r in records]
     for metric in COST_METRICS:
@@ -107,11 +112,12 @@ def _default_baselines(systems: Sequence[str]) -> list[str]:
 
 
 def _paired_table(grouped: dict[str, list[dict[str, Any]]], columns: Sequence[str], systems: Sequence[str],
-                  baseline: str, seed: int) -> list[str]:
-    """Every other system minus ``baseline`` on the questions both answered, with paired intervals."""
+                  baseline: str, seed: int, what: str = "") -> list[str]:
+    """Every other system minus ``baseline`` on the questions both answered, with paired intervals
+    (``what`` names the metrics in the heading when they are not the results table's)."""
     lines = [
         "",
-        f"## Paired difference against `{baseline}` (system − baseline, same questions, 95% paired bootstrap interval)",
+        f"## Paired difference{what} against `{baseline}` (system − baseline, same questions, 95% paired bootstrap interval)",
         "",
         "| system | " + " | ".join(columns) + " |",
         "|---|" + "---|" * len(columns),
@@ -142,17 +148,10 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
     and, for multi-length runs, the per-length and cost-growth tables."""
     values = {name: metric_values(grouped[name]) for name in systems}
     columns = [m for m in (*SCORE_METRICS, *COST_METRICS) if any(m in values[n] for n in systems)]
-    lines = [
-        "## Results (mean over questions, 95% bootstrap interval)",
-        "",
-        "| system | " + " | ".join(columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for name in systems:
-        cells = [_fmt(m, bootstrap_ci(values[name][m], seed=seed)) if m in values[name] else "–" for m in columns]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines = _ci_table("## Results (mean over questions, 95% bootstrap interval)", values, columns, systems, seed)
     for baseline in baselines or _default_baselines(systems):
         lines += _paired_table(grouped, columns, systems, baseline, seed)
+    lines += _token_tables(grouped, values, systems, seed, baselines or _default_baselines(systems))
     lines += _pair_table(grouped, systems, baselines or _default_baselines(systems), seed)
     if len(run["parts"]) > 1:
         lines += ["", "## By source length (mean over questions)", ""]
@@ -166,6 +165,31 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
         for baseline in baselines or _default_baselines(systems):
             lines += _paired_by_part(run, grouped, systems, baseline, seed)
         lines += _growth(run, grouped, systems)
+    return lines
+
+
+def _ci_table(heading: str, values: dict[str, dict[str, list[float]]], columns: Sequence[str], systems: Sequence[str],
+              seed: int) -> list[str]:
+    """One row per system, each cell the mean with its bootstrap interval ("–": not defined on all its questions)."""
+    lines = [heading, "", "| system | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for name in systems:
+        cells = [_fmt(m, bootstrap_ci(values[name][m], seed=seed)) if m in values[name] else "–" for m in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _token_tables(grouped: dict[str, list[dict[str, Any]]], values: dict[str, dict[str, list[float]]],
+                  systems: Sequence[str], seed: int, baselines: Sequence[str]) -> list[str]:
+    """Strict and plain recall at equal retrieved tokens with their intervals, then paired against
+    each baseline; nothing when no system has them (records made before they existed)."""
+    columns = [m for m in TOKEN_METRICS if any(m in values[n] for n in systems)]
+    if not columns:
+        return []
+    heading = ("## Recall at equal retrieved tokens (the first N tokens of each ranking, the chunk that crosses N cut "
+               "at N; mean over questions, 95% bootstrap interval; –: some ranking held fewer than N tokens)")
+    lines = ["", *_ci_table(heading, values, columns, systems, seed)]
+    for baseline in baselines:
+        lines += _paired_table(grouped, columns, systems, baseline, seed, what=" in recall at equal retrieved tokens")
     return lines
 
 
@@ -233,7 +257,7 @@ def _growth(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
 
 
 def _value(record: dict[str, Any], metric: str) -> float:
-    return float(record["scores"][metric] if metric in SCORE_METRICS else record[metric])
+    return float(record[metric] if metric in COST_METRICS else record["scores"][metric])
 
 
 def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str], seed: int) -> bool:
@@ -323,8 +347,8 @@ def _settings_text(settings: dict[str, Any]) -> str:
 def _summarizers_text(run: dict[str, Any]) -> str:
     """The run's summariser, or "per variant" when a sweep gave the variants different ones (the
     run-level flag alone would then misname most of them)."""
-    kinds = {variant["ingest"]["summarizer"] for variant in run["variants"]}
-    return run["summarizer"] if kinds == {run["summarizer"]} else "per variant (" + ", ".join(sorted(kinds)) + ")"
+    kinds = {variant["ingest"]["summarizer"] for variant in run["variants"] if "ingest" in variant}  # peers have none
+    return run["summarizer"] if kinds <= {run["summarizer"]} else "per variant (" + ", ".join(sorted(kinds)) + ")"
 
 
 def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any]], systems: Sequence[str], *, seed: int,
@@ -353,8 +377,12 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         "- Variants:",
     ]
     for variant in run["variants"]:
-        ingest = variant["ingest"]
         own = {k: v for k, v in variant["settings"].items() if k not in shared}
+        if "peer" in variant:
+            lines.append(f"  - `{variant['name']}`: peer, {_settings_text(own) or 'no other settings'}; its own chunks "
+                         f"and index, recipe below (config {variant['config']})")
+            continue
+        ingest = variant["ingest"]
         lines.append(
             f"  - `{variant['name']}`: graph `{variant['graph']}`, {_settings_text(own) or 'no other settings'}; "
             f"{ingest.get('chunker', 'window')} chunks of {ingest['chunk_size']} tokens (overlap {ingest['overlap']})"
@@ -362,6 +390,12 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
             f", {ingest['summarizer']} summaries "
             f"(config {variant['config']})"
         )
+    recipes = [variant for variant in run["variants"] if "peer" in variant]
+    if recipes:
+        lines += ["", "Peers: what a user would write with a retrieval library, built from its documented calls rather "
+                  "than from MiA's retrieval code, over the same source files (whole, front matter included) with "
+                  "character offsets, scored by the same rules; retrieval only (they have no answer step).", ""]
+        lines += [f"- `{variant['name']}`: {variant['peer']}" for variant in recipes]
     lines += ["", "Command:", "", "```", run["command"], "```", ""]
     lines += _tables(run, grouped, systems, seed, baselines)
     lines.append("")

@@ -41,7 +41,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from tqdm import tqdm
 
-from mia.evals import metrics
+from mia.evals import metrics, peers
 from mia.evals.datasets import BUILDERS, Dataset, load_dataset
 from mia.graph import registry
 from mia.nodes import resources
@@ -53,6 +53,12 @@ from mia.stores.settings import mia_home
 from mia.stores.signature_head import head_digest
 
 RECALL_KS = (1, 5, 10, 20)
+RANKING_DEPTH = 100
+"""Chunks a retrieval-only run keeps (its default ``top_k``, and the peers'): recall at the largest
+token budget (``metrics.TOKEN_BUDGETS``) needs 4,000 tokens of ranking, 20 chunks only when each
+holds the full 200. 100 is the first stages' depth (``candidates``): every first stage reads
+``max(top_k, candidates)`` candidates, so the first 20 of these chunks are those a ``top_k`` of 20
+gives, and keeping 100 costs the graphs no extra search."""
 INGEST_KEYS = tuple(f.name for f in fields(IngestOptions))
 """Settings that shape the collection rather than the run: changing one means another collection."""
 RESULTS_FILE = "results.jsonl"
@@ -65,18 +71,26 @@ HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 
 @dataclass(frozen=True)
 class Variant:
-    """One column of the comparison: a graph with its own settings and ingestion options."""
+    """One column of the comparison: a graph with its own settings and ingestion options, or a
+    peer (``evals.peers``) with its settings."""
 
     name: str
     graph: str
+    """The graph's name, or the peer's."""
     settings: dict[str, Any]
     ingest: IngestOptions
-    context: GraphSettings
+    """A peer reads only its ``chunk_size`` (bm25), and the collection name made from it keys its index."""
+    context: GraphSettings | None
+    """None for a peer: no graph runs."""
+
+    @property
+    def peer(self) -> bool:
+        return self.context is None
 
     @property
     def retrieval_only(self) -> bool:
-        """Whether the graph stops after retrieval (only the static pipelines can)."""
-        return isinstance(self.context, StaticSettings) and self.context.retrieval_only
+        """Whether the graph stops after retrieval (only the static pipelines can; peers always do)."""
+        return self.peer or (isinstance(self.context, StaticSettings) and self.context.retrieval_only)
 
     @property
     def fingerprint(self) -> str:
@@ -86,7 +100,10 @@ class Variant:
         configuration, so a cached result never stands for a setting it was not made under. (Code
         changes are not tracked: after changing what a setting does, write to a new ``--out``.)
         The fusion's settings are left out under dense retrieval (``HYBRID_ONLY``); under
-        ``sig_strategy=trained`` the head's sha256 is part of it."""
+        ``sig_strategy=trained`` the head's sha256 is part of it. A peer's is its resolved settings; its
+        texts, recipe parameters and embedder make its index's version, which results are keyed by too."""
+        if self.context is None:
+            return hashlib.sha256(json.dumps({"peer": self.graph, "settings": self.settings}, sort_keys=True).encode()).hexdigest()[:16]
         read = registry.settings_read(self.graph) - {"collection"}
         settings = {name: getattr(self.context, name) for name in read}
         if settings.get("retriever") == "dense":
@@ -154,7 +171,9 @@ def parse_assignments(items: Sequence[str], *, multi: bool) -> dict[str, Any]:
 
 
 def _reads(system: str) -> frozenset[str]:
-    """What a system's variants take: its graph's settings and the ingestion options."""
+    """What a system's variants take: its graph's settings and the ingestion options, or a peer's settings."""
+    if system in peers.PEERS:
+        return peers.READS[system]
     return registry.settings_read(system) | frozenset(INGEST_KEYS)
 
 
@@ -188,13 +207,19 @@ def expand_variants(
     sweep applies to the systems whose graph reads it, and one that none of them reads is refused."""
     if not systems:
         raise ValueError("no systems given: pass e.g. --systems rag,mia_rag")
-    unknown = [s for s in systems if s not in registry.QUESTION_GRAPHS]
+    unknown = [s for s in systems if s not in registry.QUESTION_GRAPHS and s not in peers.PEERS]
     if unknown:
-        raise ValueError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(registry.QUESTION_GRAPHS)}")
+        raise ValueError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(registry.QUESTION_GRAPHS + peers.PEERS)}")
     if len(set(systems)) != len(systems):
         raise ValueError(f"systems listed twice in {list(systems)}")
+    chosen_peers = [s for s in systems if s in peers.PEERS]
+    if chosen_peers and not retrieval_only:
+        # Refused rather than quietly run retrieval-only: a report that answers would show peers without answer
+        # metrics beside graphs with them, and the paired tables would compare them on recall alone.
+        raise ValueError(f"{', '.join(chosen_peers)}: peers retrieve but do not answer; add --retrieval-only, "
+                         "or compare them in a retrieval-only run of their own")
     if retrieval_only:
-        refused = [s for s in systems if s not in registry.RETRIEVAL_ONLY_GRAPHS]
+        refused = [s for s in systems if s not in registry.RETRIEVAL_ONLY_GRAPHS and s not in peers.PEERS]
         if refused:
             raise ValueError(
                 f"{', '.join(refused)} cannot run retrieval-only (what each retrieves depends on the chat model's "
@@ -217,9 +242,14 @@ def expand_variants(
 
 def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, summarizer: Summarizer) -> Variant:
     """Ingestion options are split off the settings because they choose the collection; the rest
-    must be settings of the graph, checked now rather than at the first question."""
+    must be settings of the graph, checked now rather than at the first question. A peer's settings
+    are checked by ``peers.settings``; its options hold only its chunk budget, which keys its index."""
     if "collection" in raw:
         raise ValueError("collection is chosen by the runner (one per data set and ingestion options); do not set it")
+    if graph in peers.PEERS:
+        resolved = peers.settings(graph, raw, RANKING_DEPTH)
+        options = IngestOptions(summarizer=summarizer, **{k: v for k, v in resolved.items() if k in INGEST_KEYS})
+        return Variant(name, graph, resolved, options, None)
     kinds = {f.name: f.type for f in fields(IngestOptions)}
     ingest_values = {
         key: coerce_setting(kinds[key], raw[key], key) if isinstance(raw[key], str) else raw[key]
@@ -230,7 +260,7 @@ def _variant(name: str, graph: str, raw: dict[str, Any], retrieval_only: bool, s
     overrides = {k: v for k, v in raw.items() if k not in INGEST_KEYS}
     if retrieval_only:
         overrides["retrieval_only"] = True
-        overrides.setdefault("top_k", max(RECALL_KS))  # so recall@20 is defined
+        overrides.setdefault("top_k", RANKING_DEPTH)
     return Variant(name, graph, overrides, options, context_from(graph, overrides))
 
 
@@ -381,20 +411,35 @@ def _run_ingestions(plans: dict[str, _Ingestion], embedder: Embedder, progress: 
             if chat not in chat_models:
                 chat_models[chat] = load_chat_model(*chat)
             llm = chat_models[chat]
-        dataset = plan.part.dataset
-        paths = dataset.sources if plan.book is None else [dataset.sources[dataset.books.index(plan.book)]]
-        ingest(paths, collection, embedder, options=plan.options, llm=llm, progress=detailed)
+        ingest([path for _, path in _books(plan.part, plan.book)], collection, embedder, options=plan.options, llm=llm,
+               progress=detailed)
+
+
+def _books(part: Part, book: str | None) -> list[tuple[str, Path]]:
+    """(data set book name, file) of what a collection holds: every book of the part, or one."""
+    dataset = part.dataset
+    pairs = list(zip(dataset.books, dataset.sources))
+    return pairs if book is None else [pairs[dataset.books.index(book)]]
+
+
+def _peer_indexes(jobs: Sequence[Job], embedder: Embedder, progress: bool) -> dict[str, peers.PeerIndex]:
+    """Each peer's index of the books a collection of these jobs holds, built once (and cached)."""
+    wanted = {job.collection: job for job in jobs if job.variant.peer}
+    return {name: peers.open_index(job.variant.graph, _books(job.part, _question_book(job.question)), job.variant.settings, embedder)
+            for name, job in tqdm(wanted.items(), desc="peer indexes", unit="index", disable=not progress or len(wanted) < 2)}
 
 
 # --------------------------------------------------------------------------- one question
 
 
 def score_question(
-    question: dict[str, Any], answer: str, spans: Sequence[metrics.Span], available: int, retrieval_only: bool
+    question: dict[str, Any], answer: str, spans: Sequence[metrics.Span], tokens: Sequence[int], available: int,
+    retrieval_only: bool,
 ) -> dict[str, float]:
     """Percentages for every metric that applies: recall@k needs gold spans and k chunks retrieved,
-    or all ``available`` ones (fewer would make recall@20 silently equal recall@10); answer metrics
-    need a run that answered."""
+    or all ``available`` ones (fewer would make recall@20 silently equal recall@10); recall at N
+    tokens needs chunks of N ``tokens`` retrieved (the last may cross N), or all ``available``
+    ones; answer metrics need a run that answered."""
     scores: dict[str, float] = {}
     gold = [(g["book"], g["start"], g["end"]) for g in question.get("gold") or []]
     if gold:
@@ -402,6 +447,10 @@ def score_question(
             if len(spans) >= min(k, available):
                 scores[f"recall@{k}"] = 100.0 * metrics.recall_at_k(spans, gold, k)
                 scores[f"strict_recall@{k}"] = 100.0 * metrics.strict_recall_at_k(spans, gold, k)
+        for budget in metrics.TOKEN_BUDGETS:
+            if sum(tokens) >= budget or len(spans) >= available:
+                scores[f"recall@{budget}tok"] = 100.0 * metrics.recall_at_tokens(spans, tokens, gold, budget)
+                scores[f"strict_recall@{budget}tok"] = 100.0 * metrics.strict_recall_at_tokens(spans, tokens, gold, budget)
     if retrieval_only:
         return scores
     if question.get("claim"):
@@ -436,9 +485,11 @@ def _open(name: str) -> _Opened:
     return _Opened(store, resources.embedder(store), store.chunks.count(), version)
 
 
-def _spans(opened: _Opened, ids: Sequence[str], book_map: dict[str, str]) -> list[metrics.Span]:
-    return [(book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"]))
-            for r in opened.store.chunk_records(ids, documents=False)]
+def _spans(opened: _Opened, ids: Sequence[str], book_map: dict[str, str]) -> tuple[list[metrics.Span], list[int]]:
+    """The retrieved chunks' spans in the data set's books, and their token counts (ingestion's)."""
+    records = opened.store.chunk_records(ids, documents=False)
+    return ([(book_map.get(r["book"], r["book"]), int(r["start"]), int(r["end"])) for r in records],
+            [int(r["tokens"]) for r in records])
 
 
 def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, Any]:
@@ -458,14 +509,30 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     state = graph.invoke(payload, context=context_from(job.variant.graph, overrides))
     seconds = time.perf_counter() - started
     ids = [r["id"] for r in state.get("retrieved") or []]
-    spans = _spans(opened, ids, book_map)
-    answer = str(state.get("answer") or "")
-    usage = state.get("usage") or {}
+    spans, tokens = _spans(opened, ids, book_map)
+    return _record(job, opened.version, str(state.get("answer") or ""), ids, spans, tokens, opened.size,
+                   state.get("usage") or {}, seconds)
+
+
+def _run_peer_job(job: Job, index: peers.PeerIndex) -> dict[str, Any]:
+    """A peer's ranking of ``top_k`` chunks for the question, scored as a graph's is."""
+    started = time.perf_counter()
+    hits = index.search(job.question["question"], job.variant.settings["top_k"])
+    seconds = time.perf_counter() - started
+    return _record(job, index.version, "", [h.id for h in hits], [(h.book, h.start, h.end) for h in hits],
+                   [h.tokens for h in hits], index.size, {}, seconds)
+
+
+def _record(job: Job, version: str, answer: str, ids: list[str], spans: list[metrics.Span], tokens: list[int],
+            available: int, usage: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """One line of ``results.jsonl``: the job, its ranking (ids and each chunk's tokens, so recall at
+    any budget can be recomputed from the record), its scores and costs."""
+    question = job.question
     return {
         "system": job.variant.name,
         "graph": job.variant.graph,
         "config": job.variant.fingerprint,
-        "index": opened.version,
+        "index": version,
         "part": job.part.tag,
         "length": job.part.length,
         "id": question["id"],
@@ -474,8 +541,9 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
         "collection": job.collection,
         "answer": answer,
         **({"label": question["label"], "pair": question["meta"]["pair"]} if question.get("claim") and "pair" in question["meta"] else {}),
-        "scores": score_question(question, answer, spans, opened.size, job.variant.retrieval_only),
+        "scores": score_question(question, answer, spans, tokens, available, job.variant.retrieval_only),
         "retrieved": ids,
+        "tokens": tokens,
         "llm_calls": int(usage.get("llm_calls", 0)),
         "prompt_tokens": int(usage.get("input_tokens", 0)),
         "generated_tokens": int(usage.get("output_tokens", 0)),
@@ -559,7 +627,7 @@ def _end_torn_line(path: Path) -> None:
 
 
 def _execute(jobs: Sequence[Job], results_path: Path, concurrency: int, progress: bool,
-             opened: dict[str, _Opened], book_maps: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+             opened: dict[str, _Opened | peers.PeerIndex], book_maps: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
     """Run jobs on a bounded thread pool, appending each result as soon as it exists.
 
     Threads, not processes: embedded Chroma is not process-safe, and the models are loaded once per
@@ -573,7 +641,9 @@ def _execute(jobs: Sequence[Job], results_path: Path, concurrency: int, progress
             tqdm(total=len(jobs), desc="questions", unit="q", disable=not progress) as bar, \
             ThreadPoolExecutor(max_workers=concurrency) as pool:
         def run(job: Job) -> dict[str, Any]:
-            record = _run_job(job, opened[job.collection], book_maps[job.part.tag])
+            index = opened[job.collection]
+            record = (_run_peer_job(job, index) if isinstance(index, peers.PeerIndex)
+                      else _run_job(job, index, book_maps[job.part.tag]))
             with lock:
                 append(record)
                 bar.update(1)
@@ -648,10 +718,11 @@ def run_eval(
         for question in select_questions(part.dataset.questions, limit):
             for variant in variants:
                 name = collection_name(part, variant.ingest, embedder.name, _question_book(question))
-                jobs.append(Job(part, question, variant, name))
-    plans = _ingestions(jobs)
+                jobs.append(Job(part, question, variant, f"{variant.graph}:{name}" if variant.peer else name))
+    plans = _ingestions([job for job in jobs if not job.variant.peer])
     _run_ingestions(plans, embedder, progress)
-    opened = {name: _open(name) for name in plans}
+    opened: dict[str, _Opened | peers.PeerIndex] = {name: _open(name) for name in plans}
+    opened.update(_peer_indexes(jobs, embedder, progress))
     book_maps = {part.tag: part.dataset.book_names for part in parts}
 
     results_path = out / RESULTS_FILE
@@ -682,7 +753,8 @@ def run_eval(
         "sweeps": sweeps or {},
         "reused": dict(Counter(r["reused_from"] for r in records if "reused_from" in r)),
         "variants": [
-            {"name": v.name, "graph": v.graph, "settings": v.settings, "ingest": asdict(v.ingest), "config": v.fingerprint}
+            {"name": v.name, "graph": v.graph, "settings": v.settings, "config": v.fingerprint,
+             **({"peer": peers.recipe(v.graph, v.settings, embedder)} if v.peer else {"ingest": asdict(v.ingest)})}
             for v in variants
         ],
         "collections": sorted(plans) if len(plans) <= 20 else f"{len(plans)} per-book collections",
