@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from functools import cache
-from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin, overload
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 AnswerFormat = Literal["open", "choice", "verify"]
 Retriever = Literal["dense", "hybrid"]
@@ -303,23 +303,12 @@ def coerce_setting(kind: str, raw: str, name: str) -> Any:
     return raw
 
 
-S = TypeVar("S", bound=GraphSettings)
-
-
-@overload
-def context_from(graph: str, overrides: Mapping[str, Any] | None = None) -> GraphSettings: ...
-
-
-@overload
-def context_from(graph: type[S], overrides: Mapping[str, Any] | None = None) -> S: ...
-
-
-def context_from(graph: str | type[GraphSettings], overrides: Mapping[str, Any] | None = None) -> GraphSettings:
+def context_from(graph: str, overrides: Mapping[str, Any] | None = None) -> GraphSettings:
     """``graph``'s settings from loose key/value pairs (CLI ``--set``, API payloads), converting strings.
 
     A setting the graph does not read is refused, not dropped: a run that ignored ``--set alpha=0.3``
     would be taken for one that used it."""
-    cls = settings_class(graph) if isinstance(graph, str) else graph
+    cls = settings_class(graph)
     known = {f.name: f for f in fields(cls)}
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(known))

@@ -195,7 +195,7 @@ def test_context_from_refuses_a_setting_the_graph_does_not_read() -> None:
         context_from("rag", {"alpha": "0.3", "k0": "20"})
     assert all(name in str(refused.value) for name in registry.settings_read("rag"))
     with pytest.raises(ValueError, match="unknown setting[(]s[)] embedder for graph mia_rag"):
-        context_from(MiaRagSettings, {"embedder": "use"})
+        context_from("mia_rag", {"embedder": "use"})
     with pytest.raises(ValueError, match="unknown graph 'nope'"):
         context_from("nope", {})
     ctx = context_from("mia_rag", {"alpha": "0.3", "retrieval_only": "true"})
