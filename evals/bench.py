@@ -262,6 +262,7 @@ def time_graphs(collection: str, questions: Sequence[str], settings: dict[str, A
 
 def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Both retrieval graphs timed per node and end to end on questions from the collection itself."""
+    from mia.nodes import resources
     from mia.nodes.context import context_from
     from mia.stores.mindscape import Mindscape
 
@@ -273,7 +274,7 @@ def measure_retrieval(collection: str, n_questions: int = 20, settings: dict[str
     times = time_graphs(collection, questions, settings, memoised=True)
     return {
         "collection": collection, "chunks": store.chunks.count(), "summaries": store.summaries.count(),
-        "embedder": graph_embedder(ctx).name, "machine": machine(), "questions": len(questions),
+        "embedder": resources.embedder(store).name, "machine": machine(), "questions": len(questions),
         "question_source": "one sentence from each of that many chunks spread evenly over the collection",
         "settings": {"k0": ctx.k0, "k_sum": ctx.k_sum, "top_k": ctx.top_k, "candidates": ctx.candidates,
                      "alpha": ctx.alpha, "sig_strategy": ctx.sig_strategy, "retriever": ctx.retriever},

@@ -214,26 +214,23 @@ async function ingestRun(input) {
   showProgress(progress, false);
   const started = performance.now();
   const thread = await postJson("/threads", {metadata: {collection: input.collection, graph: "ingest", client: "mia-web"}});
-  const response = await fetch(`/threads/${enc(thread.thread_id)}/runs/stream`, {
-    method: "POST",
-    headers: authHeaders({"Content-Type": "application/json", Accept: "text/event-stream"}),
-    body: JSON.stringify({assistant_id: "ingest", input, stream_mode: ["custom", "values"]}),
-  });
-  if (!response.ok) throw await failure(response);
   let report = {};
-  for await (const event of sseEvents(response)) {
-    if (event.name === "custom" && event.data && event.data.event === "ingest_progress") {
-      const {stage, done, total} = event.data;
-      if (stage === "books") Object.assign(progress, {books_done: done, books_total: total});
-      else Object.assign(progress, {stage, done, total});
-      showProgress(progress, false);
-    } else if (event.name === "values") {
-      report = event.data || {};
-    } else if (event.name === "error") {
-      $("add-result").textContent = `Failed: ${event.data.message || event.data.error || JSON.stringify(event.data)}`;
-      $("add-result").className = "error";
-      return;
+  try {
+    for await (const event of runEvents(thread.thread_id, {assistant_id: "ingest", input, stream_mode: ["custom", "values"]})) {
+      if (event.name === "custom" && event.data && event.data.event === "ingest_progress") {
+        const {stage, done, total} = event.data;
+        if (stage === "books") Object.assign(progress, {books_done: done, books_total: total});
+        else Object.assign(progress, {stage, done, total});
+        showProgress(progress, false);
+      } else if (event.name === "values") {
+        report = event.data || {};
+      }
     }
+  } catch (error) {
+    if (!(error instanceof RunError)) throw error;
+    $("add-result").textContent = `Failed: ${error.message}`;
+    $("add-result").className = "error";
+    return;
   }
   if (!report.books_written) throw new Error("the ingestion run ended without its report; see the server log");
   showProgress(progress, true);
@@ -312,6 +309,23 @@ $("ask-form").addEventListener("submit", (event) => {
   ask(question).catch(showError);
 });
 
+class RunError extends Error {}
+
+async function* runEvents(threadId, body) {
+  // A run streamed on its thread (the LangGraph API, as Studio and the SDK use it): its events,
+  // and a RunError for the error event a failed run ends with.
+  const response = await fetch(`/threads/${enc(threadId)}/runs/stream`, {
+    method: "POST",
+    headers: authHeaders({"Content-Type": "application/json", Accept: "text/event-stream"}),
+    body: JSON.stringify(body),
+  });
+  if (!response.ok) throw await failure(response);
+  for await (const event of sseEvents(response)) {
+    if (event.name === "error") throw new RunError(event.data.message || event.data.error || JSON.stringify(event.data));
+    yield event;
+  }
+}
+
 async function* sseEvents(response) {
   // The LangGraph API streams server-sent events: "event: NAME" and "data: JSON" lines, blank-line separated.
   const reader = response.body.getReader();
@@ -369,19 +383,14 @@ async function ask(question) {
   $("ask").disabled = true;
   status(`${graph} is working…`);
   try {
-    const response = await fetch(`/threads/${enc(state.thread.id)}/runs/stream`, {
-      method: "POST",
-      headers: authHeaders({"Content-Type": "application/json", Accept: "text/event-stream"}),
-      body: JSON.stringify({
-        assistant_id: graph,
-        input: {messages: [{role: "user", content: question}]},
-        context: {...context, collection},
-        stream_mode: ["messages-tuple", "updates", "custom", "values"],
-      }),
+    const events = runEvents(state.thread.id, {
+      assistant_id: graph,
+      input: {messages: [{role: "user", content: question}]},
+      context: {...context, collection},
+      stream_mode: ["messages-tuple", "updates", "custom", "values"],
     });
-    if (!response.ok) throw await failure(response);
     let streamed = "";
-    for await (const event of sseEvents(response)) {
+    for await (const event of events) {
       if (event.name === "messages") {
         const [chunk, meta] = event.data;
         const text = typeof chunk.content === "string" ? chunk.content : "";
@@ -395,8 +404,6 @@ async function ask(question) {
         if (event.data && String(event.data.event || "").endsWith("_step")) run.steps.push(event.data);
       } else if (event.name === "values") {
         run.values = event.data;
-      } else if (event.name === "error") {
-        throw new Error(event.data.message || event.data.error || JSON.stringify(event.data));
       }
     }
     run.elapsed = (performance.now() - run.started) / 1000;
