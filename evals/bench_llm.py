@@ -87,12 +87,11 @@ def _rates(perf: dict[str, float], wall: float) -> dict[str, float]:
 
 
 def bare_child(prompt_text: str, max_tokens: int, repeat: int) -> list[dict[str, float]]:
-    """The bare call: the library's own defaults, one context just large enough for the prompt."""
-    from llama_cpp import Llama
+    """The bare call: the library's own defaults (less the extra buffer types that crash on some
+    machines, :func:`new_llama`), one context just large enough for the prompt."""
+    from mia.stores.chat import embedded_model_path, new_llama
 
-    from mia.stores.chat import embedded_model_path
-
-    llama = Llama(model_path=str(embedded_model_path()), n_ctx=4096, seed=0, verbose=False)
+    llama = new_llama(str(embedded_model_path()), n_ctx=4096, seed=0)
     tokens = llama.tokenize(prompt_text.encode("utf-8"), add_bos=False, special=True)
     rows = []
     for _ in range(repeat):

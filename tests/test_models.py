@@ -83,13 +83,13 @@ def test_use_embedder_works_on_chinese(no_network: None) -> None:
 
 
 def test_embedded_chat_model_is_assembled_and_verified(embedded_model_file: Path) -> None:
-    assert embedded_model_file.name == chat_module.MODEL_FILE
-    assert embedded_model_file.stat().st_size == chat_module.MODEL_SIZE
+    assert embedded_model_file.name == chat_module.QWEN_CODER_0_5B.file
+    assert embedded_model_file.stat().st_size == chat_module.QWEN_CODER_0_5B.size
     digest = hashlib.sha256()
     with embedded_model_file.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
-    assert digest.hexdigest() == chat_module.MODEL_SHA256
+    assert digest.hexdigest() == chat_module.QWEN_CODER_0_5B.sha256
     assert not list(embedded_model_file.parent.glob("*.part*")), "assembly left a temporary file"
     assert chat_module.embedded_model_path() == embedded_model_file  # a second call reuses it
 
@@ -108,6 +108,16 @@ def test_embedded_chat_model_answers_offline(embedded_chat: chat_module.LlamaCpp
     usage = reply.usage_metadata
     assert usage["input_tokens"] > 5 and 0 < usage["output_tokens"] <= 48
     assert reply.response_metadata["model_name"] == chat_module.EMBEDDED_NAME
+
+
+def test_the_embedded_model_loads_without_extra_cpu_buffers(embedded_chat: chat_module.LlamaCppChat) -> None:
+    """AMX tile buffers kill the process on machines that advertise AMX without enabling it; the
+    loader keeps them off, and the library's own defaults are restored after loading."""
+    import llama_cpp.llama_cpp as bindings
+
+    llama, _ = embedded_chat.llama()
+    assert llama.model_params.use_extra_bufts is False
+    assert bindings.llama_model_default_params().use_extra_bufts is True
 
 
 def test_embedded_chat_model_streams_with_usage(embedded_chat: chat_module.LlamaCppChat) -> None:
