@@ -1,24 +1,47 @@
-"""`mia train retriever`: train the signature head (``stores.signature_head``) on train stories only.
+"""`mia train retriever`: train the signature head (``stores.signature_head``) on train questions only.
 
 The paper's gain comes from MiA-Emb, a retriever trained to read query + signature; a fixed mix of
-generic vectors does not reproduce it (issue 22). This trains that reading at our scale:
+generic vectors does not reproduce it (issue 22). This trains that reading at our scale, on both
+kinds of collection the head ranks in (issue 44):
 
-* Data: ``fairytale-train``, one book per FairytaleQA origin holding only its *train* stories, and
-  their questions. No val or test story is in the collection, not even as a negative. It is ingested
-  with the product's defaults, so the head learns on the chunks and summaries it will be used with.
+* Series: ``fairytale-train``, one book per FairytaleQA origin holding only its *train* stories, and
+  their questions. No val or test story is in the collection, not even as a negative.
+* Multi-document: ``--multihop N`` documents of ``multihop-synth``'s train split (2Wiki *train*
+  questions, one ``--multihop-length``-token document per question: its gold paragraphs among seeded
+  distractors), each document its own collection, named and ingested exactly as ``mia eval --dataset
+  multihop-synth --split train`` makes them. So the head learns the very ranking it faces in the
+  multi-hop reports (a question against its own document's chunks, never another document's, which
+  would add easy negatives, and false ones where a document holds another question's gold paragraph
+  as a distractor), and either command's collections serve the other. A fixed fifth of the 2Wiki
+  train questions is held out as their val split (``multihop_split``); the multihop-synth ``dev``
+  questions, the report set, are never read.
+
+Every collection is ingested with the product's defaults, so the head learns on the chunks and
+summaries it will be used with.
+
 * Inputs: each question's signature comes from the project's own step 0 and InitSignature
   (``nodes.qa.select_signature``: hybrid E1, coverage-aware), and what the head reads of it from
   ``nodes.retrieval.head_inputs``, the function E2 itself calls.
-* Objective: InfoNCE over every chunk of the collection (a softmax over all of them, so the hard
-  negatives the first stage confuses, other stories' chunks, are all in it), with several positives
-  when a question's gold sections span several chunks.
-* Selection: after each epoch the head ranks the fairy-tale *val* questions through E2 itself
-  (``nodes.retrieval.trained_signature``); the epoch with the best val Recall@10 is kept (epoch 0,
-  the untrained head, is rag's ranking). Test is never read.
+* Objective: InfoNCE over every chunk of the question's collection (a softmax over all of them, so
+  the hard negatives the first stage confuses, other stories' chunks, are all in it), with several
+  positives when a question's gold sections span several chunks. Scores are over one collection's
+  chunks, so a batch holds one collection's questions (``epoch_batches``); the batches of every
+  collection are shuffled together each epoch. A 2Wiki document holds one question, so each is an
+  optimiser step of its own: ``N`` sets the multi-document part's weight (N steps an epoch beside the
+  fairy tales' ~270 batches of 32).
+* Selection: after each epoch the head ranks the fairy-tale *val* questions and the held-out 2Wiki
+  questions through E2 itself (``nodes.retrieval.trained_signature``); the epoch with the best mean
+  of the two Recall@10 is kept (epoch 0, the untrained head, is rag's ranking). Test is never read.
 
-Writes ``signature-head.npz`` with its card (sha256, command, data recipe, curve) and
-``curve.png`` under ``--out``; ``--out stores/weights`` replaces the shipped head. A few minutes on
-two cores once the collections exist (ingesting them takes about three more).
+Writes ``signature-head.npz`` with its card (sha256, command, every collection with its question and
+chunk counts, the curve) and ``curve.png`` under ``--out``; ``--out stores/weights`` replaces the
+shipped head.
+
+Time on two cores: once the collections exist, a few minutes (the fairy tales' ~1.5 min with their
+step-0 inputs cached; a 2Wiki document adds ~0.2 s to open and ~7 ms a training step per epoch, so
+the multi-document part is bounded by building its collections, not by training). Building them:
+about 3 min for the fairy tales; the 2Wiki data set ~10 s, then ~10 s to ingest each 32k-token
+document, ~50 min for the default 200 training and 100 held-out documents (~1 GB of Chroma).
 """
 
 from __future__ import annotations
@@ -54,6 +77,16 @@ loss reads scores as logits, so κ = 20 makes the untrained head's softmax about
 temperature of 0.05 on cosines; with λ = β = 0 it ranks exactly as rag does."""
 HYPERPARAMETERS = ("epochs", "lr", "weight_decay", "rank", "fusion_rank", "radius", "continuity", "batch_size", "delta",
                    "seed")
+MULTIHOP_SEED = 0
+"""The 2Wiki documents' seed: `mia eval`'s default, so its train collections are these, and the same
+whatever ``--seed`` trains with, so seeds compare training, not data."""
+MULTIHOP_VAL_SHARE = 0.2
+"""The share of the 2Wiki train questions held out as their val split (``multihop_split``)."""
+MULTIHOP_HELD_OUT = (f"{MULTIHOP_VAL_SHARE:.0%} of the 2Wiki train questions, by document and by gold article: questions "
+                     "whose gold paragraphs share a title are one group, groups taken in the sha256 order of their first "
+                     "document's name; none is a training document or has a gold article that is a training question's "
+                     "gold (as distractors, paragraphs of the one pool recur across documents)")
+"""The held-out rule as the card states it."""
 
 
 @dataclass
@@ -84,6 +117,26 @@ class Examples:
     """The first stage's ranking: chunk rows and their fused scores."""
     gold_rows: list[np.ndarray]
     """Rows of ``Collection.chunk_ids`` that overlap a gold span of the question."""
+
+
+@dataclass
+class QuestionSet:
+    """A collection with its questions' examples, and what the card says it holds."""
+
+    data: str
+    """The data set, split and (for a multi-hop document) the document it was built from."""
+    name: str
+    collection: Collection
+    examples: Examples
+
+    @property
+    def pair(self) -> tuple[Collection, Examples]:
+        return self.collection, self.examples
+
+    def entry(self) -> dict[str, Any]:
+        """Its line in the card's recipe."""
+        return {"data": self.data, "collection": self.name, "questions": len(self.examples.questions),
+                "chunks": len(self.collection.chunk_ids)}
 
 
 def without_signatures(ex: Examples) -> Examples:
@@ -268,34 +321,46 @@ def batch_loss(head: TorchHead, collection: Collection, tensors: Tensors, ex: Ex
     return (torch.logsumexp(score, dim=1) - torch.logsumexp(score.masked_fill(~gold, float("-inf")), dim=1)).mean()
 
 
-def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, weight_decay: float, rank: int,
+def epoch_batches(keeps: Sequence[Sequence[int]], batch_size: int, rng: np.random.Generator) -> list[tuple[int, list[int]]]:
+    """One epoch's batches as (collection, question rows): each collection's questions shuffled and cut
+    into batches of their own, since a question's scores are over its collection's chunks, then every
+    batch shuffled together, so that no collection trains in one block at the end of an epoch."""
+    batches = []
+    for which, keep in enumerate(keeps):
+        order = rng.permutation(np.asarray(keep, dtype=np.int64))
+        batches += [(which, order[lo: lo + batch_size].tolist()) for lo in range(0, len(order), batch_size)]
+    return [batches[n] for n in rng.permutation(len(batches))]
+
+
+def train_head(sets: Sequence[tuple[Collection, Examples]], *, epochs: int, lr: float, weight_decay: float, rank: int,
                fusion_rank: int, radius: int, continuity: float, batch_size: int, delta: float, seed: int, embedder: str,
                on_epoch: Callable[[SignatureHead], dict[str, float]] | None = None,
                progress: bool = True, blind: bool = False) -> tuple[SignatureHead, list[dict[str, Any]]]:
-    """Train for ``epochs``; after each (and before the first), ``on_epoch(head)`` scores the head
-    (its ``score`` picks the best, the earliest on ties), and the best head is returned with the curve.
-    ``blind`` trains on the same questions with their signatures emptied (the ablation)."""
+    """Train on the questions of every (collection, examples) pair for ``epochs``; after each (and
+    before the first), ``on_epoch(head)`` scores the head (its ``score`` picks the best, the earliest
+    on ties), and the best head is returned with the curve. ``blind`` trains on the same questions
+    with their signatures emptied (the ablation)."""
     import torch
 
     torch.manual_seed(seed)
-    keep = [n for n, g in enumerate(ex.gold_rows) if len(g) and ex.signatures[n]]
-    stacked = np.concatenate([ex.evidence[n] for n in keep])
-    head = TorchHead(collection.chunks.shape[1], rank, fusion_rank, seed, stacked.mean(0), np.maximum(stacked.std(0), 1e-6),
-                     radius, continuity)
+    keeps = [[n for n, g in enumerate(ex.gold_rows) if len(g) and ex.signatures[n]] for _, ex in sets]
+    stacked = np.concatenate([ex.evidence[n] for (_, ex), keep in zip(sets, keeps) for n in keep])
+    head = TorchHead(sets[0][0].chunks.shape[1], rank, fusion_rank, seed, stacked.mean(0),
+                     np.maximum(stacked.std(0), 1e-6), radius, continuity)
     if blind:  # the same questions, nothing of their signatures
-        ex = without_signatures(ex)
+        sets = [(collection, without_signatures(ex)) for collection, ex in sets]
     optimiser = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     rng = np.random.default_rng(seed)
-    tensors = Tensors.of(collection, radius, continuity)
+    tensors = [Tensors.of(collection, radius, continuity) for collection, _ in sets]
     curve: list[dict[str, Any]] = []
     best: tuple[float, SignatureHead] | None = None
     for epoch in range(epochs + 1):
         losses = []
         if epoch:
-            order = rng.permutation(keep)
-            for lo in tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch}/{epochs}", unit="batch",
-                           disable=not progress, leave=False):
-                loss = batch_loss(head, collection, tensors, ex, order[lo: lo + batch_size].tolist(), delta)
+            for which, idx in tqdm(epoch_batches(keeps, batch_size, rng), desc=f"epoch {epoch}/{epochs}", unit="batch",
+                                   disable=not progress, leave=False):
+                collection, ex = sets[which]
+                loss = batch_loss(head, collection, tensors[which], ex, idx, delta)
                 optimiser.zero_grad()
                 loss.backward()
                 optimiser.step()
@@ -313,23 +378,27 @@ def train_head(collection: Collection, ex: Examples, *, epochs: int, lr: float, 
     return (best[1] if best else head.numpy(embedder)), curve
 
 
-def ranking_recall(collection: Collection, ex: Examples, head: SignatureHead | None, ctx: MiaRagSettings) -> dict[str, float]:
-    """Mean R@1 / R@10 of E2 under ``head`` (None: rag's query-only E1) on the examples, through the
-    graphs' own retrieval functions, fused with BM25 as the context says."""
-    assert collection.store is not None
+def ranking_recall(sets: Sequence[tuple[Collection, Examples]], head: SignatureHead | None,
+                   ctx: MiaRagSettings) -> tuple[float, float]:
+    """Mean R@1 and R@10 of E2 under ``head`` (None: rag's query-only E1) over every question of the
+    sets, each ranked in its own collection through the graphs' own retrieval functions, fused with
+    BM25 as the context says."""
     r1, r10 = [], []
-    rows = {c: n for n, c in enumerate(collection.chunk_ids)}
-    for q, vec, sig in zip(ex.questions, ex.queries, ex.signatures):
-        if head is None:
-            ids = [h.id for h in query_only(collection.store, vec, RECALL_K, text=q["question"], fusion=Fusion.of(ctx),
-                                            depth=ctx.candidates, for_signature=False)]
-        else:
-            ids = [h.id for h in trained_signature(collection.store, head, vec, sig, ctx.delta, RECALL_K, ctx.candidates,
-                                                   text=q["question"], fusion=Fusion.of(ctx))]
-        at1, at10 = question_recalls(collection, [rows[i] for i in ids], q)
-        r1.append(at1)
-        r10.append(at10)
-    return {"val_r1": float(np.mean(r1)), "val_r10": float(np.mean(r10)), "score": float(np.mean(r10))}
+    fusion = Fusion.of(ctx)
+    for collection, ex in sets:
+        assert collection.store is not None
+        rows = {c: n for n, c in enumerate(collection.chunk_ids)}
+        for q, vec, sig in zip(ex.questions, ex.queries, ex.signatures):
+            if head is None:
+                ids = [h.id for h in query_only(collection.store, vec, RECALL_K, text=q["question"], fusion=fusion,
+                                                depth=ctx.candidates, for_signature=False)]
+            else:
+                ids = [h.id for h in trained_signature(collection.store, head, vec, sig, ctx.delta, RECALL_K, ctx.candidates,
+                                                       text=q["question"], fusion=fusion)]
+            at1, at10 = question_recalls(collection, [rows[i] for i in ids], q)
+            r1.append(at1)
+            r10.append(at10)
+    return float(np.mean(r1)), float(np.mean(r10))
 
 
 def best_first(best: int, scores: np.ndarray) -> list[int]:
@@ -380,41 +449,125 @@ def continuity_quantiles(collection: Collection) -> dict[str, float]:
     return {f"q{q}": float(np.percentile(cosines, q)) if cosines else float("nan") for q in (10, 50, 90)}
 
 
-def load_split(dataset: str, split: str, options: IngestOptions, embedder: Embedder, ctx: MiaRagSettings,
-               progress: bool) -> tuple[str, Collection, Examples]:
+def examples_cache() -> Path:
+    """Where each collection's step-0 inputs are cached, so that a rerun reuses them."""
+    return mia_home() / "train-retriever"
+
+
+def load_split(dataset: str, split: str, data: str, options: IngestOptions, embedder: Embedder, ctx: MiaRagSettings,
+               progress: bool) -> QuestionSet:
     """The split's data set and collection, built and ingested as `mia eval` builds them (under
-    MIA_HOME, with the name it gives them, books already in it kept), with its questions' step-0
-    inputs, cached under MIA_HOME so that a rerun reuses them."""
+    MIA_HOME, with the name it gives them, books already in it kept), with its questions' step-0 inputs."""
     part = prepare_parts(dataset, split, [], 0, mia_home())[0]
     name = collection_name(part, options, embedder.name, None)
     ingest(part.dataset.sources, name, embedder, options=options, progress=progress)
     collection = open_collection(name, part.dataset.book_names)
-    cache = mia_home() / "train-retriever"
-    return name, collection, build_examples(collection, part.dataset.questions, embedder, ctx, cache, split, progress)
+    return QuestionSet(data, name, collection, build_examples(collection, part.dataset.questions, embedder, ctx,
+                                                              examples_cache(), split, progress))
 
 
-def plot_curve(curve: Sequence[dict[str, Any]], baseline: float, path: Path) -> None:
+def multihop_split(questions: Sequence[dict[str, Any]],
+                   share: float = MULTIHOP_VAL_SHARE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, held out) of multihop-synth questions, each with its own document (``meta.book``).
+
+    Held out by document, and further by gold article: questions whose gold paragraphs share a 2Wiki
+    title are one group (2Wiki asks several questions about one film or person), so no held-out
+    question's evidence is a training question's evidence. Groups are taken in the order of the
+    sha256 of their first document's name until ``share`` of the questions are held out: computed over
+    the whole data set, so a document's side does not depend on how many ``--multihop`` takes.
+    Distractors come from one pool, so a held-out question's gold paragraph can still be a distractor
+    in a training document, as it can between train and dev documents."""
+    parent = list(range(len(questions)))
+
+    def root(n: int) -> int:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    first: dict[str, int] = {}
+    for n, q in enumerate(questions):
+        for title in q["meta"]["gold_titles"]:
+            parent[root(n)] = root(first.setdefault(title.casefold(), n))
+    groups: dict[int, list[int]] = {}
+    for n in range(len(questions)):
+        groups.setdefault(root(n), []).append(n)
+    held: set[int] = set()
+    for group in sorted(groups.values(), key=lambda g: hashlib.sha256(questions[g[0]]["meta"]["book"].encode()).hexdigest()):
+        if len(held) >= share * len(questions):
+            break
+        held.update(group)
+    return ([q for n, q in enumerate(questions) if n not in held], [q for n, q in enumerate(questions) if n in held])
+
+
+def load_multihop(documents: int, length: int, options: IngestOptions, embedder: Embedder, ctx: MiaRagSettings,
+                  progress: bool) -> tuple[list[QuestionSet], list[QuestionSet]]:
+    """The first ``documents`` training documents of the 2Wiki train questions (data set order) and
+    every held-out one (``multihop_split``), each its own collection, built, named and ingested as
+    `mia eval --dataset multihop-synth --split train --length LENGTH` builds them."""
+    part = prepare_parts("multihop-synth", "train", [length], MULTIHOP_SEED, mia_home())[0]
+    train, held_out = multihop_split(part.dataset.questions)
+    if documents > len(train):
+        raise ValueError(f"--multihop must be at most {len(train)} (the 2Wiki train documents not held out), got {documents}")
+    paths = dict(zip(part.dataset.books, part.dataset.sources))
+    book_map = part.dataset.book_names
+    sets: dict[str, list[QuestionSet]] = {"training": [], "held out": []}
+    chosen = [("training", q) for q in train[:documents]] + [("held out", q) for q in held_out]
+    for role, q in tqdm(chosen, desc="2Wiki documents", unit="doc", disable=not progress):
+        book = q["meta"]["book"]
+        name = collection_name(part, options, embedder.name, book)
+        ingest([paths[book]], name, embedder, options=options, progress=False)
+        collection = open_collection(name, book_map)
+        examples = build_examples(collection, [q], embedder, ctx, examples_cache(), "2wiki", False)
+        sets[role].append(QuestionSet(f"multihop-synth train, {length} tokens, seed {MULTIHOP_SEED}, {role}: {book}",
+                                      name, collection, examples))
+    return sets["training"], sets["held out"]
+
+
+VAL_LABELS = {"fairytale": "fairy-tale series val", "multihop": "2Wiki train, held out"}
+"""The validation sets by the key their Recall@k carries in the curve (``fairytale_r10``, ...)."""
+
+
+def plot_curve(curve: Sequence[dict[str, Any]], rag: dict[str, float], best_epoch: int, path: Path) -> None:
+    """Each validation set's Recall@10 per epoch beside rag's on it, and the epoch kept."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot([r["epoch"] for r in curve], [r["val_r10"] for r in curve], marker="o", label="mia_rag, trained head")
-    ax.axhline(baseline, color="grey", linestyle="--", label="rag (same first stage)")
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for n, (key, label) in enumerate((k, v) for k, v in VAL_LABELS.items() if f"{k}_r10" in rag):
+        ax.plot([r["epoch"] for r in curve], [r[f"{key}_r10"] for r in curve], marker="o", color=f"C{n}",
+                label=f"{label}: trained head")
+        ax.axhline(rag[f"{key}_r10"], color=f"C{n}", linestyle="--", alpha=0.7, label=f"{label}: rag")
+    ax.axvline(best_epoch, color="grey", linestyle=":", label="epoch kept")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch (0: untrained head = rag's ranking)")
     ax.set_ylabel("val Recall@10 (%)")
-    ax.set_title("signature head: fairy-tale series val")
-    ax.legend(loc="lower right")
+    ax.set_title("signature head: validation")
+    ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces the run, every setting explicit."""
+    argv = ["mia", "train", "retriever"]
+    for name in (*HYPERPARAMETERS, "multihop", "multihop_length", *(["window"] if args.window else [])):
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.without_signature:
+        argv.append("--without-signature")
+    return shlex.join([*argv, "--out", str(args.out)])
+
+
 def run(args: argparse.Namespace) -> int:
-    for name in ("epochs", "batch_size", "rank", "fusion_rank"):
+    for name in ("epochs", "batch_size", "rank", "fusion_rank", "multihop_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.multihop < 0:
+        raise ValueError(f"--multihop must be 0 (none) or more documents, got {args.multihop}")
     if args.window is not None and args.window < 1:
         raise ValueError(f"--window must be at least 1, got {args.window}")
     if not 0 <= args.radius <= MAX_RADIUS or not -1.0 <= args.continuity <= 1.0:
@@ -424,37 +577,60 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--delta must be in [0, 1], got {args.delta}")
     if args.lr <= 0 or args.weight_decay < 0:
         raise ValueError("--lr must be positive and --weight-decay not negative")
+    if args.without_signature and args.out.resolve() == DEFAULT_WEIGHTS.parent.resolve():
+        raise ValueError("--without-signature is an ablation: give it another --out than the shipped head's folder")
     started = time.time()
     progress = not args.quiet
     options = IngestOptions(**({"window": args.window} if args.window else {}))  # ingestion's defaults unless asked
     embedder = load_embedder("minilm")
     ctx = MiaRagSettings(collection="unused", delta=args.delta, signature_init="coverage")
-    train_name, train_set, train_ex = load_split("fairytale-train", "train", options, embedder, ctx, progress)
-    val_name, val_set, val_ex = load_split("fairytale-series", "val", options, embedder, ctx, progress)
-    print(f"train: {train_name}, {len(train_set.chunk_ids)} chunks, {len(train_ex.questions)} questions; "
-          f"val: {val_name}, {len(val_ex.questions)} questions", flush=True)
-    rag = ranking_recall(val_set, val_ex, None, ctx)
-    scored_ex = without_signatures(val_ex) if args.without_signature else val_ex
-    ceiling = attention_ceiling(val_set, val_ex)
-    print(f"val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; lifting "
-          "exactly those would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
-          + f" against rag's {rag['val_r10']:.1f}", flush=True)
-    continuity = {"train": continuity_quantiles(train_set), "val": continuity_quantiles(val_set)}
-    print("neighbouring session summaries' cosine (10th / 50th / 90th percentile): " + "; ".join(
+    fairy_train = load_split("fairytale-train", "train", "fairytale-train train: every FairytaleQA origin's train stories, "
+                             "one book per origin", options, embedder, ctx, progress)
+    fairy_val = load_split("fairytale-series", "val", "fairytale-series val", options, embedder, ctx, progress)
+    print(f"fairy tales: train {fairy_train.name}, {len(fairy_train.collection.chunk_ids)} chunks, "
+          f"{len(fairy_train.examples.questions)} questions; val {fairy_val.name}, {len(fairy_val.examples.questions)} "
+          f"questions ({time.time() - started:.0f} s)", flush=True)
+    multihop_train: list[QuestionSet] = []
+    multihop_val: list[QuestionSet] = []
+    if args.multihop:
+        loading = time.time()
+        multihop_train, multihop_val = load_multihop(args.multihop, args.multihop_length, options, embedder, ctx, progress)
+        print(f"2Wiki train documents of {args.multihop_length} tokens: {len(multihop_train)} for training "
+              f"({sum(len(s.collection.chunk_ids) for s in multihop_train)} chunks), {len(multihop_val)} held out "
+              f"({time.time() - loading:.0f} s)", flush=True)
+    val_sets = {"fairytale": [fairy_val], **({"multihop": multihop_val} if multihop_val else {})}
+    val = {key: [(s.collection, without_signatures(s.examples) if args.without_signature else s.examples) for s in sets]
+           for key, sets in val_sets.items()}
+
+    def validate(head: SignatureHead | None) -> dict[str, float]:
+        """Each validation set's R@1 and R@10 under the head (None: rag), and their mean R@10 as the score."""
+        row: dict[str, float] = {}
+        for key, sets in val.items():
+            row[f"{key}_r1"], row[f"{key}_r10"] = ranking_recall(sets, head, ctx)
+        return row | {"score": float(np.mean([row[f"{key}_r10"] for key in val]))}
+
+    rag = validate(None)
+    ceiling = attention_ceiling(*fairy_val.pair)
+    print(f"fairy-tale val: gold session in the signature for {ceiling['gold_session_in_signature']:.1f}% of questions; "
+          "lifting exactly those would give R@10 " + ", ".join(f"{r:.1f} (β {b})" for b, r in ceiling["r10_perfect_attention"].items())
+          + f" against rag's {rag['fairytale_r10']:.1f}", flush=True)
+    continuity = {"train": continuity_quantiles(fairy_train.collection), "val": continuity_quantiles(fairy_val.collection)}
+    print("neighbouring session summaries' cosine in the fairy tales (10th / 50th / 90th percentile): " + "; ".join(
         f"{split} " + " / ".join(f"{v:.2f}" for v in q.values()) for split, q in continuity.items())
         + f"; --continuity {args.continuity}", flush=True)
     hyper = {name: getattr(args, name) for name in HYPERPARAMETERS}
-    head, curve = train_head(train_set, train_ex, embedder=embedder.name, progress=progress,
-                             on_epoch=lambda h: ranking_recall(val_set, scored_ex, h, ctx), blind=args.without_signature,
-                             **hyper)
+    train_sets = [fairy_train, *multihop_train]
+    head, curve = train_head([s.pair for s in train_sets], embedder=embedder.name, progress=progress, on_epoch=validate,
+                             blind=args.without_signature, **hyper)
     best = max(curve, key=lambda r: (r["score"], -r["epoch"]))
     card = {
-        "command": "mia train retriever " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in hyper.items())
-                   + (f" --window {args.window}" if args.window else "") + f" --out {shlex.quote(str(args.out))}",
+        "command": command_line(args),
         "recipe": {
-            "train": f"fairytale-train (every FairytaleQA origin's train stories, one book per origin): "
-                     f"{len(train_ex.questions)} questions, collection {train_name} ({len(train_set.chunk_ids)} chunks)",
-            "val": f"fairytale-series val: {len(val_ex.questions)} questions, collection {val_name}",
+            "train": [s.entry() for s in train_sets],
+            "val": [s.entry() for sets in val_sets.values() for s in sets],
+            "multihop": {"length": args.multihop_length, "data_seed": MULTIHOP_SEED, "train_documents": len(multihop_train),
+                         "held_out_documents": len(multihop_val), "held_out": MULTIHOP_HELD_OUT} if args.multihop else None,
+            "selection": "the epoch with the best mean val Recall@10 over " + " and ".join(VAL_LABELS[k] for k in val),
             "ingestion": json.dumps(vars(options)),
             "signature": f"step 0 {ctx.retriever} E1 (k0 {ctx.k0}) + coverage-aware InitSignature (k_sum {ctx.k_sum}), as mia_rag",
             "first_stage": {name: getattr(ctx, name) for name in ("retriever", "bm25_weight", "rrf_k", "bm25_stemming", "candidates")},
@@ -469,13 +645,12 @@ def run(args: argparse.Namespace) -> int:
         "curve": curve,
         "seconds": round(time.time() - started, 1),
     }
-    if args.without_signature and args.out.resolve() == DEFAULT_WEIGHTS.parent.resolve():
-        raise ValueError("--without-signature is an ablation: give it another --out than the shipped head's folder")
     args.out.mkdir(parents=True, exist_ok=True)
     digest = head.save(args.out / "signature-head.npz", card)
-    plot_curve(curve, rag["val_r10"], args.out / "curve.png")
-    print(f"val rag R@1 {rag['val_r1']:.1f} R@10 {rag['val_r10']:.1f}; head (epoch {best['epoch']}) "
-          f"R@1 {best['val_r1']:.1f} R@10 {best['val_r10']:.1f} ({best['val_r10'] / rag['val_r10']:.3f}×)")
+    plot_curve(curve, rag, best["epoch"], args.out / "curve.png")
+    for key in val:
+        print(f"{VAL_LABELS[key]}: rag R@1 {rag[f'{key}_r1']:.1f} R@10 {rag[f'{key}_r10']:.1f}; head (epoch {best['epoch']}) "
+              f"R@1 {best[f'{key}_r1']:.1f} R@10 {best[f'{key}_r10']:.1f} ({best[f'{key}_r10'] / rag[f'{key}_r10']:.3f}×)")
     print(f"wrote {args.out / 'signature-head.npz'} (sha256 {digest[:12]}…) in {time.time() - started:.0f} s")
     return 0
 

@@ -7,7 +7,9 @@
     lowers the loss and ranks better than the untrained head (which is query-only).
 (d) E2 under the shipped head, on a real collection with the embedded MiniLM, ranks exactly like
     scoring every chunk of the collection, and mia_rag runs with it end to end.
-(e) fairytale-train holds train-split stories only: no val or test story, not even as a negative.
+(e) fairytale-train holds train-split stories only: no val or test story, not even as a negative;
+    the held-out 2Wiki train questions share no document and no gold article with training ones;
+    a batch never mixes two collections' questions.
 """
 
 from __future__ import annotations
@@ -186,20 +188,20 @@ def test_shipped_weights_load_and_carry_their_recipe() -> None:
     head = load_head("")
     card = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
     assert head.embedder == "all-MiniLM-L6-v2" and head.dim == 384 and head.lam >= 0
-    assert card["command"].startswith("mia train retriever") and "fairytale-train" in card["recipe"]["train"]
+    assert card["command"].startswith("mia train retriever") and "fairytale-train" in json.dumps(card["recipe"]["train"])
     assert DEFAULT_WEIGHTS.stat().st_size < 20 * 2**20
 
 
 # --------------------------------------------------------------------------- (c) training
 
 
-def _twins(seed: int = 0) -> tuple[Collection, Examples]:
-    """Eight sessions telling the same four motifs: chunk (s, m) = norm(story_s + motif_m). A
+def _twins(seed: int = 0, sessions: int = 8) -> tuple[Collection, Examples]:
+    """Eight (``sessions``) sessions telling the same four motifs: chunk (s, m) = norm(story_s + motif_m). A
     question about (s*, m) is the motif alone, so the query (and the first stage, its cosine
     ranking) ties every session's chunk of that motif; its signature names s* first and two other
     sessions after it. Only a reading of the signature can find the right twin."""
     rng = np.random.default_rng(seed)
-    d, sessions, motifs = 16, 8, 4
+    d, motifs = 16, 4
     story, motif = _unit_rows(rng, sessions, d), _unit_rows(rng, motifs, d)
     chunks = np.stack([story[s] + motif[m] for s in range(sessions) for m in range(motifs)])
     chunks /= np.linalg.norm(chunks, axis=1, keepdims=True)
@@ -274,7 +276,7 @@ def test_continuity_quantiles_are_over_neighbouring_sessions_only() -> None:
 
 def test_training_lowers_the_loss_and_beats_the_untrained_head() -> None:
     collection, ex = _twins()
-    head, curve = train_head(collection, ex, epochs=30, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1,
+    head, curve = train_head([(collection, ex)], epochs=30, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1,
                              continuity=0.0, batch_size=32, delta=0.5, seed=0, embedder="test",
                              on_epoch=lambda h: {"score": _recall_at_1(h, collection, ex)}, progress=False)
     losses = [r["train_loss"] for r in curve[1:]]
@@ -378,6 +380,10 @@ def test_cli_refuses_bad_training_settings(cli) -> None:
         assert result.code == 2 and "--radius must be in [0, 16] and --continuity in [-1, 1]" in result.err
     result = cli("train", "retriever", "--window", "0")
     assert result.code == 2 and "--window must be at least 1" in result.err
+    result = cli("train", "retriever", "--multihop", "-1")
+    assert result.code == 2 and "--multihop must be 0 (none) or more documents" in result.err
+    result = cli("train", "retriever", "--multihop-length", "0")
+    assert result.code == 2 and "--multihop-length must be at least 1" in result.err
 
 
 # --------------------------------------------------------------------------- (e) the training data
@@ -412,7 +418,60 @@ def test_the_blind_ablation_cannot_tell_the_twins_apart() -> None:
     collection, ex = _twins()
     blind_ex = without_signatures(ex)
     assert all(s == [] for s in blind_ex.signatures) and blind_ex.gold_rows == ex.gold_rows
-    _, curve = train_head(collection, ex, epochs=10, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1, continuity=0.0, batch_size=32,
+    _, curve = train_head([(collection, ex)], epochs=10, lr=0.03, weight_decay=0.0, rank=4, fusion_rank=4, radius=1, continuity=0.0, batch_size=32,
                           delta=0.5, seed=0, embedder="test", blind=True,
                           on_epoch=lambda h: {"score": _recall_at_1(h, collection, blind_ex)}, progress=False)
     assert max(r["score"] for r in curve) < 0.5
+
+
+def test_batches_never_mix_collections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores are over one collection's chunks, so every batch holds one collection's questions; each
+    epoch takes every question once, the collections' batches interleaved, in the seed's order."""
+    from mia.evals import train_retriever
+
+    sets = [_twins(0), _twins(1, sessions=5)]  # 32 and 20 chunks: a mixed batch could not even be scored
+    calls: list[tuple[int, list[int]]] = []
+    loss = train_retriever.batch_loss
+
+    def recording(head, collection, tensors, ex, idx, delta):  # type: ignore[no-untyped-def]
+        which = next(n for n, (c, e) in enumerate(sets) if c is collection and e is ex)
+        calls.append((which, list(idx)))
+        return loss(head, collection, tensors, ex, idx, delta)
+
+    monkeypatch.setattr(train_retriever, "batch_loss", recording)
+    settings = dict(epochs=2, lr=0.01, weight_decay=0.0, rank=2, fusion_rank=2, radius=1, continuity=0.0, batch_size=32,
+                    delta=0.5, seed=0, embedder="test", progress=False)
+    train_head(sets, **settings)
+    first = list(calls)
+    per_epoch = sum(-(-len(ex.queries) // 32) for _, ex in sets)  # 4 + 3 batches
+    assert len(first) == 2 * per_epoch
+    for epoch in (first[:per_epoch], first[per_epoch:]):
+        for which, (_, ex) in enumerate(sets):
+            taken = [n for w, idx in epoch if w == which for n in idx]
+            assert sorted(taken) == list(range(len(ex.queries)))  # every question once, in its own collection
+        assert all(len(idx) <= 32 for _, idx in epoch)
+    order = [w for w, _ in first]
+    assert order[:per_epoch] != sorted(order[:per_epoch]) or order[per_epoch:] != sorted(order[per_epoch:])  # interleaved
+    calls.clear()
+    train_head(sets, **settings)
+    assert calls == first
+
+
+def test_held_out_2wiki_questions_share_no_document_or_gold_article_with_training() -> None:
+    from mia.evals.train_retriever import multihop_split
+
+    def question(n: int, *titles: str) -> dict:
+        return {"id": f"wikihop-q{n}", "meta": {"book": f"wikihop-q{n}", "gold_titles": list(titles)}}
+
+    questions = [question(n, f"Film {n}", f"Director {n}") for n in range(40)]
+    questions[1] = question(1, "Film 0", "Director 1")  # 2Wiki asks several questions about one article...
+    questions[2] = question(2, "director 1", "Director 2")  # ...whatever its case
+    questions[30] = question(30, "Film 30", "Director 7")
+    train, held = multihop_split(questions, share=0.2)
+    assert multihop_split(questions, share=0.2) == (train, held)  # deterministic
+    assert sorted(q["id"] for q in train + held) == sorted(q["id"] for q in questions)
+    assert not {q["meta"]["book"] for q in train} & {q["meta"]["book"] for q in held}  # no document on both sides
+    titles = lambda qs: {t.casefold() for q in qs for t in q["meta"]["gold_titles"]}  # noqa: E731
+    assert not titles(train) & titles(held)  # nor a gold article
+    assert 8 <= len(held) < 8 + 3  # a fifth, overshooting by less than a group
+    assert [q["id"] for q in train] == [q["id"] for q in questions if q in train]  # data set order: --multihop N takes a prefix
