@@ -198,7 +198,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="session summaries for ingestion (default extractive: no LLM); --sweep summarizer=... "
                         "compares several in one run")
     p.add_argument("--texts", type=Path, help="custom: a .txt/.md file (one book) or a folder of them, one per book")
-    p.add_argument("--questions", type=Path, help="custom: JSONL of questions")
+    p.add_argument("--questions", type=Path, help="custom: a JSONL file of questions, or a folder of .jsonl files read as one set "
+                        "(a question with meta.book is asked over a collection of that book alone)")
     p.add_argument("--reuse", action="append", type=Path, metavar="DIR",
                    help="take results an earlier run (its --out folder) finished for identical jobs: same settings, "
                         "collection content and question; they are copied here; repeat for several folders")

@@ -578,7 +578,7 @@ def _is_str_list(value: Any) -> bool:
 
 
 def _validate_custom(
-    record: Any, where: str, texts: dict[str, str], seen_ids: set[str], line_no: int
+    record: Any, where: str, texts: dict[str, str], seen_ids: set[str], default_id: str
 ) -> dict[str, Any]:
     """Turn one JSONL record into a question, or say exactly what is wrong with it."""
     if not isinstance(record, dict):
@@ -589,7 +589,7 @@ def _validate_custom(
     question = record.get("question")
     if not isinstance(question, str) or not question.strip():
         raise DatasetError(f"{where}: 'question' must be a non-empty string")
-    qid = str(record.get("id", f"q{line_no}"))
+    qid = str(record.get("id", default_id))
     if qid in seen_ids:
         raise DatasetError(f"{where}: duplicate id {qid!r}")
     seen_ids.add(qid)
@@ -654,8 +654,21 @@ def _check_pairs(questions: Sequence[dict[str, Any]], source: Path) -> None:
             raise DatasetError(f"{source}: pair {pair!r} must hold one TRUE and one FALSE claim, has {labels}")
 
 
+def _question_files(questions: Path) -> list[Path]:
+    """One JSONL file, or every ``*.jsonl`` of a folder in name order (a set kept one file per book)."""
+    if questions.is_file():
+        return [questions]
+    if not questions.is_dir():
+        raise DatasetError(f"{questions}: questions file or folder not found")
+    files = sorted(p for p in questions.iterdir() if p.is_file() and p.suffix.lower() == ".jsonl")
+    if not files:
+        raise DatasetError(f"{questions}: no .jsonl files in this folder")
+    return files
+
+
 def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: str = "test") -> Dataset:
-    """Any folder of .txt/.md files (one file = one book, by name), or one such file, plus a JSONL of questions.
+    """Any folder of .txt/.md files (one file = one book, by name), or one such file, plus questions:
+    a JSONL file, or a folder of them read as one set (ids unique across the files).
 
     Gold spans name a book by its file stem and index its text as read with ``newline=""``.
     Everything is validated before anything is written, so a typo costs an error message naming
@@ -665,8 +678,7 @@ def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: s
     single = texts_dir.is_file() and texts_dir.suffix.lower() in _TEXT_SUFFIXES
     if not (single or texts_dir.is_dir()):
         raise DatasetError(f"{texts_dir}: not a .txt/.md file or a folder of them")
-    if not questions_jsonl.is_file():
-        raise DatasetError(f"{questions_jsonl}: questions file not found")
+    question_files = _question_files(questions_jsonl)
     files = [texts_dir] if single else sorted(p for p in texts_dir.iterdir() if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES)
     if not files:
         raise DatasetError(f"{texts_dir}: no .txt or .md files")
@@ -680,23 +692,29 @@ def build_custom(out_dir: Path, texts_dir: Path, questions_jsonl: Path, split: s
             raise DatasetError(f"{path}: not UTF-8 text ({error})") from error
     questions: list[dict[str, Any]] = []
     seen_ids: set[str] = set()
-    with questions_jsonl.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{questions_jsonl}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DatasetError(f"{where}: invalid JSON ({error.msg})") from error
-            questions.append(_validate_custom(record, where, texts, seen_ids, line_no))
+    for question_file in question_files:
+        with question_file.open(encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                where = f"{question_file}:{line_no}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DatasetError(f"{where}: invalid JSON ({error.msg})") from error
+                default_id = f"q{line_no}" if len(question_files) == 1 else f"{question_file.stem}-q{line_no}"
+                question = _validate_custom(record, where, texts, seen_ids, default_id)
+                book = question["meta"].get("book")
+                if book is not None and book not in texts:
+                    raise DatasetError(f"{where}: meta.book {book!r} is not one of the files {sorted(texts)}")
+                questions.append(question)
     if not questions:
         raise DatasetError(f"{questions_jsonl}: no questions")
     _check_pairs(questions, questions_jsonl)
     params = {
         "texts_dir": str(texts_dir),
         "questions": str(questions_jsonl),
-        "sha256": _digest([*files, questions_jsonl]),
+        "sha256": _digest([*files, *question_files]),
     }
 
     def fill(writer: _Writer) -> list[dict[str, Any]]:

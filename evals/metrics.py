@@ -80,6 +80,18 @@ def sub_em(prediction: str, golds: Sequence[str]) -> float:
     return float(any(gold in pred if gold else not pred for gold in normalized))
 
 
+def answer_in_passages(passages: Sequence[str], golds: Sequence[str]) -> float:
+    """1.0 when every word of some reference answer (SQuAD-normalised) occurs in the passages.
+
+    It splits a wrong answer into a retrieval miss (the reader never saw the answer's words) and a
+    reading miss (it saw them and answered otherwise). Words, not the phrase: a free-text reference
+    ("He must become wealthy") is rarely quoted verbatim by the book, while its words are there.
+    """
+    _require_golds(golds)
+    seen = set(normalize_answer(" ".join(passages)).split())
+    return float(any(words and set(words) <= seen for words in (normalize_answer(g).split() for g in golds)))
+
+
 def recall_at_k(retrieved: Sequence[Span], gold: Sequence[Span], k: int) -> float:
     """Share of gold spans overlapped by at least one of the top-k retrieved chunks.
 

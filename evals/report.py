@@ -24,7 +24,7 @@ from mia.evals.metrics import TOKEN_BUDGETS, bootstrap_ci, pair_accuracy, paired
 
 SCORE_METRICS = ("strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
                  "recall@1", "recall@5", "recall@10", "recall@20",
-                 "f1", "em", "sub_em", "accuracy", "claim_accuracy")
+                 "f1", "em", "sub_em", "answer_in_passages", "accuracy", "claim_accuracy")
 """The results table's scores. Strict recall leads: plain recall credits a chunk with every gold
 section it touches, so it rewards where a chunker cuts (``metrics.strict_recall_at_k``)."""
 TOKEN_METRICS = tuple(f"{kind}@{budget}tok" for budget in TOKEN_BUDGETS for kind in ("strict_recall", "recall"))
@@ -38,6 +38,11 @@ DECIMALS = {"llm_calls": 2, "seconds": 3}
 BASELINE = "rag"
 """Without ``--baseline``, paired differences are taken against this system, or against the first
 ``rag[...]`` variant of a sweep."""
+MISSED_BELOW_F1 = 50.0
+"""An open answer below this F1 is a miss in the reading-against-retrieval table: it got less than
+half of the best reference's words right."""
+ANSWER_CELL_CHARS = 120
+"""Longest answer or reference shown in a cell of the answers table (the records hold them whole)."""
 REPORT_FILE = "report.md"
 RECALL_PLOT = "recall_at_k.png"
 COST_PLOT = "cost_vs_length.png"
@@ -153,6 +158,7 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
         lines += _paired_table(grouped, columns, systems, baseline, seed)
     lines += _token_tables(grouped, values, systems, seed, baselines or _default_baselines(systems))
     lines += _pair_table(grouped, systems, baselines or _default_baselines(systems), seed)
+    lines += _misses_table(grouped, systems)
     if len(run["parts"]) > 1:
         lines += ["", "## By source length (mean over questions)", ""]
         lines += ["| system | length | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
@@ -165,6 +171,67 @@ def _tables(run: dict[str, Any], grouped: dict[str, list[dict[str, Any]]], syste
         for baseline in baselines or _default_baselines(systems):
             lines += _paired_by_part(run, grouped, systems, baseline, seed)
         lines += _growth(run, grouped, systems)
+    return lines
+
+
+def _misses_table(grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str]) -> list[str]:
+    """Open answers that missed (F1 below ``MISSED_BELOW_F1``), split by whether every word of a
+    reference was in the passages the reader was given: a retrieval miss needs other passages, a
+    reading miss a better reader or prompt."""
+    rows = []
+    for name in systems:
+        scored = [r["scores"] for r in grouped[name] if "f1" in r["scores"] and "answer_in_passages" in r["scores"]]
+        if not scored:
+            continue
+        missed = [s for s in scored if s["f1"] < MISSED_BELOW_F1]
+        reading = sum(1 for s in missed if s["answer_in_passages"])
+        rows.append(f"| {name} | {len(scored)} | {len(scored) - len(missed)} | {len(missed)} | {reading} | "
+                    f"{len(missed) - reading} |")
+    if not rows:
+        return []
+    return ["", f"## Reading against retrieval (open answers; a miss has F1 below {MISSED_BELOW_F1:g})", "",
+            "A reading miss had every word of some reference answer (SQuAD-normalised) in the passages its reader "
+            "was given; a retrieval miss did not.", "",
+            "| system | questions | answered (F1 ≥ 50) | missed | reading misses | retrieval misses |",
+            "|---|---|---|---|---|---|", *rows]
+
+
+def _cell(text: str) -> str:
+    """Text fit for one Markdown table cell."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= ANSWER_CELL_CHARS else text[: ANSWER_CELL_CHARS - 1] + "…"
+
+
+def answers_section(grouped: dict[str, list[dict[str, Any]]], systems: Sequence[str]) -> list[str]:
+    """Every question's references beside each system's answer and its F1, so that a reader can
+    judge the answers, not only their scores (records without references, e.g. retrieval-only runs,
+    have none)."""
+    answered = [name for name in systems if any("references" in r and "f1" in r["scores"] for r in grouped[name])]
+    if not answered:
+        return []
+    by_id: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    order: list[str] = []
+    for name in answered:
+        for record in grouped[name]:
+            key = f"{record['part']}/{record['id']}"
+            if key not in by_id:
+                order.append(key)
+            by_id[key][name] = record
+    lines = ["", "## Answers (each system's answer, its F1, and `·` when the reference's words were in its passages)", "",
+             "| question | references | " + " | ".join(f"`{n}`" for n in answered) + " |",
+             "|---|---|" + "---|" * len(answered)]
+    for key in order:
+        first = next(iter(by_id[key].values()))
+        cells = []
+        for name in answered:
+            record = by_id[key].get(name)
+            if record is None or "f1" not in record["scores"]:
+                cells.append("–")
+                continue
+            seen = " ·" if record["scores"].get("answer_in_passages") else ""
+            cells.append(f"{_cell(record['answer'])} ({record['scores']['f1']:.0f}{seen})")
+        references = " / ".join(_cell(r) for r in first.get("references", []))
+        lines.append(f"| {_cell(first['question'])} | {references} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -405,6 +472,7 @@ def write_report(out: Path, run: dict[str, Any], records: Sequence[dict[str, Any
         lines += ["No gold evidence spans in this data set, so no recall plot.", ""]
     plot_cost(out / COST_PLOT, run, grouped, systems)
     lines += [f"![Score and cost against source length]({COST_PLOT})", ""]
+    lines += answers_section(grouped, systems)
     path = out / REPORT_FILE
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

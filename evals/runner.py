@@ -46,6 +46,7 @@ from mia.evals.datasets import BUILDERS, Dataset, load_dataset
 from mia.graph import registry
 from mia.nodes import resources
 from mia.nodes.context import GraphSettings, StaticSettings, coerce_setting, context_from
+from mia.stores.book_card import write_cards
 from mia.stores.embeddings import Embedder, load_embedder
 from mia.stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, ingest
 from mia.stores.mindscape import Mindscape
@@ -318,7 +319,8 @@ def prepare_parts(
             ]
         if dataset == "custom":
             if texts is None or questions_file is None:
-                raise ValueError("--dataset custom needs --texts DIR or FILE (.txt/.md files, one per book) and --questions FILE.jsonl")
+                raise ValueError("--dataset custom needs --texts DIR or FILE (.txt/.md files, one per book) and --questions FILE.jsonl "
+                                 "(or a folder of .jsonl files)")
             built = BUILDERS[dataset](out / "dataset", texts, questions_file, split=split)
         elif origins:
             subset = "+".join(origins)
@@ -347,15 +349,18 @@ def _part(dataset: Dataset, tag: str, length: int | None) -> Part:
 
 
 def select_questions(questions: Sequence[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
-    """The first ``limit`` questions, taken in turn from each ``meta["source"]`` group, so a small
-    multi-hop run mixes HotpotQA, MuSiQue and 2Wiki instead of taking only the first file's."""
+    """The first ``limit`` questions, taken in turn from each ``meta["source"]`` group (else each
+    ``meta["book"]``), so a small multi-hop run mixes HotpotQA, MuSiQue and 2Wiki, and a small run
+    over a folder of per-book question files asks about every book, instead of taking only the
+    first file's."""
     if limit is None:
         return list(questions)
     if limit <= 0:
         raise ValueError(f"--limit must be positive, got {limit}")
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for question in questions:
-        groups[str((question.get("meta") or {}).get("source", ""))].append(question)
+        meta = question.get("meta") or {}
+        groups[str(meta.get("source", meta.get("book", "")))].append(question)
     interleaved = (q for row in itertools.zip_longest(*groups.values()) for q in row if q is not None)
     return list(itertools.islice(interleaved, limit))
 
@@ -397,22 +402,38 @@ def _ingestions(jobs: Sequence[Job]) -> dict[str, _Ingestion]:
     return plans
 
 
-def _run_ingestions(plans: dict[str, _Ingestion], embedder: Embedder, progress: bool) -> None:
-    """Ingest every collection the jobs need. Per-book bars only for a few collections: hundreds of
-    per-question documents get one bar."""
+def _card_readers(jobs: Sequence[Job]) -> dict[str, GraphSettings]:
+    """Per collection, the settings of the first variant that gives its generator book cards: they
+    name the chat model that writes the cards. Collections no variant reads cards from pay nothing."""
+    readers: dict[str, GraphSettings] = {}
+    for job in jobs:
+        if getattr(job.variant.context, "book_card", False):
+            readers.setdefault(job.collection, job.variant.context)
+    return readers
+
+
+def _run_ingestions(plans: dict[str, _Ingestion], cards: dict[str, GraphSettings], embedder: Embedder,
+                    progress: bool) -> None:
+    """Ingest every collection the jobs need, and write book cards where a variant reads them (with
+    that variant's chat model). Per-book bars only for a few collections: hundreds of per-question
+    documents get one bar."""
     from mia.stores.chat import load_chat_model
 
     chat_models: dict[tuple[str, str], BaseChatModel] = {}  # loading the embedded model checks its sha256
+
+    def chat(context: GraphSettings) -> BaseChatModel:
+        key = (context.chat_base_url, context.chat_model)
+        if key not in chat_models:
+            chat_models[key] = load_chat_model(*key)
+        return chat_models[key]
+
     detailed = progress and len(plans) <= 4
     for collection, plan in tqdm(plans.items(), desc="ingesting", unit="collection", disable=not progress or len(plans) < 2):
-        llm = None
-        if plan.options.summarizer in LLM_SUMMARIZERS:
-            chat = (plan.context.chat_base_url, plan.context.chat_model)
-            if chat not in chat_models:
-                chat_models[chat] = load_chat_model(*chat)
-            llm = chat_models[chat]
+        llm = chat(plan.context) if plan.options.summarizer in LLM_SUMMARIZERS else None
         ingest([path for _, path in _books(plan.part, plan.book)], collection, embedder, options=plan.options, llm=llm,
                progress=detailed)
+        if collection in cards:
+            write_cards(Mindscape(collection), chat(cards[collection]), progress=detailed)
 
 
 def _books(part: Part, book: str | None) -> list[tuple[str, Path]]:
@@ -434,12 +455,13 @@ def _peer_indexes(jobs: Sequence[Job], embedder: Embedder, progress: bool) -> di
 
 def score_question(
     question: dict[str, Any], answer: str, spans: Sequence[metrics.Span], tokens: Sequence[int], available: int,
-    retrieval_only: bool,
+    retrieval_only: bool, passages: Sequence[str] | None = None,
 ) -> dict[str, float]:
     """Percentages for every metric that applies: recall@k needs gold spans and k chunks retrieved,
     or all ``available`` ones (fewer would make recall@20 silently equal recall@10); recall at N
     tokens needs chunks of N ``tokens`` retrieved (the last may cross N), or all ``available``
-    ones; answer metrics need a run that answered."""
+    ones; answer metrics need a run that answered, and ``answer_in_passages`` the texts of the
+    ``passages`` its reader was given (a graph that reads the whole source has none)."""
     scores: dict[str, float] = {}
     gold = [(g["book"], g["start"], g["end"]) for g in question.get("gold") or []]
     if gold:
@@ -461,6 +483,8 @@ def score_question(
         scores["f1"] = 100.0 * metrics.f1(answer, question["answers"])
         scores["em"] = 100.0 * metrics.exact_match(answer, question["answers"])
         scores["sub_em"] = 100.0 * metrics.sub_em(answer, question["answers"])
+        if passages is not None:
+            scores["answer_in_passages"] = 100.0 * metrics.answer_in_passages(passages, question["answers"])
     return scores
 
 
@@ -505,13 +529,16 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     # Every variant of a question asks the same query; without this, the first one would pay for
     # the embedding that the rest then read from the embedder's memo, and wall times would lie.
     opened.embedder.forget_queries()
+    ctx = context_from(job.variant.graph, overrides)
     started = time.perf_counter()
-    state = graph.invoke(payload, context=context_from(job.variant.graph, overrides))
+    state = graph.invoke(payload, context=ctx)
     seconds = time.perf_counter() - started
     ids = [r["id"] for r in state.get("retrieved") or []]
     spans, tokens = _spans(opened, ids, book_map)
+    read = ids[: ctx.top_k] if hasattr(ctx, "top_k") and not job.variant.retrieval_only else None
+    passages = [c["text"] for c in opened.store.chunk_records(read)] if read is not None else None
     return _record(job, opened.version, str(state.get("answer") or ""), ids, spans, tokens, opened.size,
-                   state.get("usage") or {}, seconds)
+                   state.get("usage") or {}, seconds, passages)
 
 
 def _run_peer_job(job: Job, index: peers.PeerIndex) -> dict[str, Any]:
@@ -524,9 +551,10 @@ def _run_peer_job(job: Job, index: peers.PeerIndex) -> dict[str, Any]:
 
 
 def _record(job: Job, version: str, answer: str, ids: list[str], spans: list[metrics.Span], tokens: list[int],
-            available: int, usage: dict[str, Any], seconds: float) -> dict[str, Any]:
+            available: int, usage: dict[str, Any], seconds: float, passages: Sequence[str] | None = None) -> dict[str, Any]:
     """One line of ``results.jsonl``: the job, its ranking (ids and each chunk's tokens, so recall at
-    any budget can be recomputed from the record), its scores and costs."""
+    any budget can be recomputed from the record), the reference answers beside the answer, its
+    scores and costs. ``passages``: the texts the reader was given, when it was given chunks."""
     question = job.question
     return {
         "system": job.variant.name,
@@ -540,8 +568,9 @@ def _record(job: Job, version: str, answer: str, ids: list[str], spans: list[met
         "source_tokens": _source_tokens(job.part, question),
         "collection": job.collection,
         "answer": answer,
+        **({"references": list(question["answers"])} if question.get("answers") else {}),
         **({"label": question["label"], "pair": question["meta"]["pair"]} if question.get("claim") and "pair" in question["meta"] else {}),
-        "scores": score_question(question, answer, spans, tokens, available, job.variant.retrieval_only),
+        "scores": score_question(question, answer, spans, tokens, available, job.variant.retrieval_only, passages),
         "retrieved": ids,
         "tokens": tokens,
         "llm_calls": int(usage.get("llm_calls", 0)),
@@ -720,7 +749,7 @@ def run_eval(
                 name = collection_name(part, variant.ingest, embedder.name, _question_book(question))
                 jobs.append(Job(part, question, variant, f"{variant.graph}:{name}" if variant.peer else name))
     plans = _ingestions([job for job in jobs if not job.variant.peer])
-    _run_ingestions(plans, embedder, progress)
+    _run_ingestions(plans, _card_readers(jobs), embedder, progress)
     opened: dict[str, _Opened | peers.PeerIndex] = {name: _open(name) for name in plans}
     opened.update(_peer_indexes(jobs, embedder, progress))
     book_maps = {part.tag: part.dataset.book_names for part in parts}
@@ -787,7 +816,8 @@ def _chat_label(variants: Sequence[Variant]) -> str:
     from mia.stores.chat import EMBEDDED_NAME
 
     labels = {
-        f"{v.context.chat_model or 'default'} at {v.context.chat_base_url}" if v.context.chat_base_url else EMBEDDED_NAME
-        for v in variants
+        f"{v.context.chat_model or 'default'} at {v.context.chat_base_url}" if v.context.chat_base_url
+        else v.context.chat_model or EMBEDDED_NAME
+        for v in variants if v.context is not None
     }
     return ", ".join(sorted(labels))

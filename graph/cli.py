@@ -23,8 +23,10 @@ DEMO_COLLECTION = "demo-holmes"
 SUMMARIZER_CHOICES = ("llm", "llm-excerpt", "extractive", "none")
 DEFAULT_SUMMARIZER = "extractive"
 DEFAULT_CHUNKER = "structure"
-"""stores.ingest.SUMMARIZERS, IngestOptions.summarizer and IngestOptions.chunker, spelled out so that parsing the command line imports no
-store (a test keeps them equal)."""
+CARD_CHOICES = ("llm", "names", "none")
+DEFAULT_CARDS = "names"
+"""stores.ingest.SUMMARIZERS, IngestOptions.summarizer and IngestOptions.chunker, stores.book_card.CardMode and
+DEFAULT_CARDS, spelled out so that parsing the command line imports no store (a test keeps them equal)."""
 DEMO_QUESTION = "In which country was Dr. Watson wounded while serving as an army surgeon?"
 
 
@@ -64,7 +66,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         options = IngestOptions(chunk_size=args.chunk_size, overlap=args.overlap, window=args.window, summarizer=args.summarizer,
                                 chunker=args.chunker, keep_front_matter=args.keep_front_matter, window_unit=args.window_unit)
         started = time.perf_counter()
-        report = ingest_sources(args.paths, args.collection, options, embedder_spec=args.embedder or "", progress=not args.quiet)
+        report = ingest_sources(args.paths, args.collection, options, embedder_spec=args.embedder or "", cards=args.cards,
+                                progress=not args.quiet)
     elapsed = time.perf_counter() - started
     print(
         f"{args.collection}: {len(report.books_written)} book(s) written, {len(report.books_unchanged)} unchanged; "
@@ -76,6 +79,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from mia.stores.book_card import BookCard
     from mia.stores.mindscape import Mindscape, chroma_client, list_mindscapes
 
     client = chroma_client()
@@ -99,6 +103,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
                        "(--explain quotes them)" if b["instruction_spans"] else "")
             print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} {b['chunker']} chunks, {b['summaries']} summaries, "
                   f"{b['tokens']} tokens{left_out}{flagged}")
+            if b.get("card"):
+                text = BookCard.from_json(json.dumps(b["card"])).text()
+                print("       card: " + text.replace("\n", "\n             "))
     return 0
 
 
@@ -128,6 +135,7 @@ def run_question(graph_name: str, question: str, settings: dict[str, Any], optio
 
 
 def _explain(store_name: str, state: dict[str, Any], ctx: GraphSettings) -> str:
+    from mia.nodes.answer import book_cards
     from mia.nodes.context import RetrievalSettings, SignatureGraphSettings
     from mia.stores.mindscape import Mindscape
 
@@ -153,6 +161,12 @@ def _explain(store_name: str, state: dict[str, Any], ctx: GraphSettings) -> str:
                 lines.append(f"  {rank:>2}. {r['id']}  score {r['score']:.4f}  (s_qry {r['s_qry']:.4f}, s_sig {r['s_sig']:.4f})")
     for entry in state.get("trajectory") or []:
         lines.append(f"Step: {json.dumps(entry, ensure_ascii=False)[:400]}")
+    if isinstance(ctx, RetrievalSettings) and ctx.book_card:
+        chunks = store.chunk_records([r["id"] for r in state.get("retrieved") or []][: ctx.top_k], documents=False)
+        cards = book_cards(store, chunks)
+        lines.append("Book cards given to the generator:" if cards else
+                     "Book cards given to the generator: none (the books have no card yet: `mia ingest --cards llm`)")
+        lines.extend("  " + card.replace("\n", "\n  ") for card in cards)
     lines.extend(_explain_guard(store, state))
     return "\n".join(lines)
 
@@ -231,10 +245,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         run()
         stages.append((name, time.perf_counter() - clock))
 
-    def ingest_with(summarizer: str) -> None:
+    def ingest_with(summarizer: str, cards: str = DEFAULT_CARDS) -> None:
         cmd_ingest(argparse.Namespace(paths=[str(book)], collection=DEMO_COLLECTION, summarizer=summarizer, chunk_size=200,
                                       overlap=0, window=20, window_unit="chunks", chunker=DEFAULT_CHUNKER,
-                                      keep_front_matter=False, embedder="", quiet=False))
+                                      keep_front_matter=False, embedder="", cards=cards, quiet=False))
 
     def ask(graph_name: str) -> None:
         print(f"\n== {graph_name}: {DEMO_QUESTION}")
@@ -243,7 +257,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     fresh = DEMO_COLLECTION not in list_mindscapes(chroma_client())
     if fresh and args.summarizer != "none":
-        stage("chunks in (no summaries yet)", lambda: ingest_with("none"))
+        stage("chunks in (no summaries yet)", lambda: ingest_with("none", cards="none"))
         print(f"\nsession summaries ({args.summarizer}) are written next; rag reads chunks only, so it answers now")
         stage("first answer (rag)", lambda: ask("rag"))
         stage(f"session summaries ({args.summarizer})", lambda: ingest_with(args.summarizer))
@@ -283,6 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-front-matter", action="store_true",
                    help="also chunk Project Gutenberg's licence header and footer (left out by default)")
     p.add_argument("--embedder", default="", help="embedder spec (default: MIA_EMBEDDINGS or minilm)")
+    p.add_argument("--cards", choices=CARD_CHOICES, default=DEFAULT_CARDS,
+                   help="book cards, written after the books are in: by the chat model (narrator, main characters, "
+                        "places, plot; about a minute a book with the embedded model), without a model (the most named "
+                        "names, first- or third-person narration, a Gutenberg header's title and author), or none "
+                        f"(default {DEFAULT_CARDS})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_ingest)
 

@@ -1,7 +1,7 @@
 """Graph ``ingest``: build or update a collection through the server.
 
 Input ``{"paths": [...], "uploads": [...], "collection": NAME, "summarizer": "extractive" | "llm" |
-"llm-excerpt" | "none"}`` with paths relative to the ingest root (``MIA_INGEST_ROOT``, default the
+"llm-excerpt" | "none", "cards": "llm" | "names" | "none"}`` with paths relative to the ingest root (``MIA_INGEST_ROOT``, default the
 data root) and uploads named as stored in the collection's upload folder (``$MIA_HOME/uploads/NAME``,
 where the web page puts the files it sends). A server must not read whatever file a caller names,
 so every path, and every file inside a named folder, is resolved and checked to lie under its root
@@ -23,6 +23,7 @@ from langgraph.config import get_stream_writer
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, StateGraph
 
+from mia.stores.book_card import DEFAULT_CARDS, CardMode
 from mia.stores.ingest import SUPPORTED_SUFFIXES, IngestOptions, Summarizer, ingest_sources
 from mia.stores.paths import ingest_files
 
@@ -32,6 +33,7 @@ class IngestInput(TypedDict, total=False):
     uploads: list[str]
     collection: str
     summarizer: Summarizer
+    cards: CardMode
 
 
 class IngestOutput(TypedDict, total=False):
@@ -57,7 +59,7 @@ def run_ingest(state: IngestState) -> dict[str, Any]:
     files = ingest_files(collection, state.get("paths") or [], state.get("uploads") or [], SUPPORTED_SUFFIXES)
     writer = get_stream_writer()  # progress as custom stream events (stream_mode "custom", Studio)
     report = ingest_sources(files, collection, IngestOptions(summarizer=state.get("summarizer") or IngestOptions.summarizer),
-                            progress=False,
+                            cards=state.get("cards") or DEFAULT_CARDS, progress=False,
                             on_progress=lambda stage, done, total: writer({"event": "ingest_progress", "stage": stage, "done": done, "total": total}))
     return asdict(report)
 

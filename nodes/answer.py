@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 
 from mia import prompts
-from mia.nodes.context import AnswerFormat, CommonSettings
+from mia.nodes.context import AnswerFormat, CommonSettings, PassageOrder
 from mia.nodes.state import merge_usage
 from mia.prompts import injection
 from mia.stores.bm25 import tokenize
+from mia.stores.book_card import BookCard
+from mia.stores.mindscape import Mindscape, card_id
 from mia.stores.summaries import sentence_spans
 
 FORMAT_RULES: dict[str, str] = {
@@ -38,6 +40,18 @@ def usage_of(message: BaseMessage, node: str) -> dict[str, Any]:
     return {**counts, "by_node": {node: dict(counts)}}
 
 
+def reading_order(chunks: Sequence[dict[str, Any]], order: PassageOrder,
+                  books: Callable[[], Sequence[str]]) -> list[dict[str, Any]]:
+    """The chunks as the generator reads them. ``document`` restores story order (DOS RAG, arXiv
+    2506.03989): a reader follows events, and who "I" is, better in the order they were written than
+    in score order. ``books`` gives the collection's book order (asked only for that order); a book
+    missing from it goes last, by name."""
+    if order == "score":
+        return list(chunks)
+    rank = {book: n for n, book in enumerate(books())}
+    return sorted(chunks, key=lambda c: (rank.get(c["book"], len(rank)), c["book"], int(c["start"])))
+
+
 def passages_block(chunks: Sequence[dict[str, Any]], guard: bool = True) -> str:
     """Chunks numbered [1]..[n] with their book and position, each fenced as data."""
     return "\n".join(
@@ -47,8 +61,18 @@ def passages_block(chunks: Sequence[dict[str, Any]], guard: bool = True) -> str:
     )
 
 
-def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), guard: bool = True) -> str:
-    parts = []
+def book_cards(store: Mindscape, chunks: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """The cards (``stores.book_card``) of the books the chunks come from, in the order they first
+    appear, as ``{"book", "text"}``; a book without a current card has none."""
+    books = list(dict.fromkeys(c["book"] for c in chunks))
+    found = store.cards(books)
+    return [{"book": b, "text": BookCard.from_json(found[b]).text()} for b in books if b in found]
+
+
+def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), guard: bool = True,
+                 cards: Sequence[dict[str, str]] = ()) -> str:
+    # A card is written by a model from the book's text: document data, guarded like it.
+    parts = [prompts.fence(card["text"], tag="book", guard=guard) for card in cards]
     if signature:
         parts.append(prompts.fence("\n".join(signature), tag="signature", guard=guard))
     if evidence:
@@ -57,14 +81,19 @@ def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), gu
     return "".join(p + "\n" for p in parts)
 
 
+BOOK_NOTE = " A card describing each book as a whole (narrator, main characters, plot) may come between <book> tags."
+"""Added to the answer prompt's list of material only when cards are given, so prompts without them are unchanged."""
+
+
 def answer_messages(question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
                     options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-                    guard: bool = True) -> list[BaseMessage]:
+                    guard: bool = True, cards: Sequence[dict[str, str]] = ()) -> list[BaseMessage]:
     option_text = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options[: len(LETTERS)]))
     return prompts.messages(
         "answer",
         format_rule=FORMAT_RULES[fmt],
-        memory=memory_block(signature, evidence, guard),
+        book_note=BOOK_NOTE if cards else "",
+        memory=memory_block(signature, evidence, guard, cards),
         passages=passages_block(chunks, guard),
         question=question,
         options=option_text,
@@ -255,6 +284,23 @@ def citations(answer_text: str, chunks: Sequence[dict[str, Any]], question: str 
     ]
 
 
+def card_citations(cards: Sequence[dict[str, str]], answer: str) -> list[dict[str, Any]]:
+    """A card the answer draws on, cited by its line that holds the most of the answer's terms
+    (stemmed, stopwords dropped): "Narrator: John H. Watson (first person)" for "Dr. Watson". A card
+    sharing no term with the answer is not cited; nor is any card for an answer that says nothing
+    (TRUE/FALSE, no reliable answer)."""
+    wanted = set(tokenize(answer, stem=True))
+    cites = []
+    for card in cards:
+        lines = [(len(wanted & set(tokenize(line, stem=True))), line) for line in card["text"].splitlines()
+                 if not line.startswith("Most named:")]  # a count of mentions says nothing about the answer
+        best = max(lines, key=lambda pair: pair[0], default=(0, ""))  # ties: the earlier line
+        if best[0]:
+            cites.append({"n": "card", "id": card_id(card["book"]), "book": card["book"], "card": True,
+                          "cited_by_model": False, "sentences": [{"text": best[1]}]})
+    return cites
+
+
 def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
     """The chat reply: the answer with its sources and the sentence each supports it with,
     readable in any chat frontend."""
@@ -265,7 +311,8 @@ def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
         said = " ".join(c["sentences"][0]["text"].split()) if c.get("sentences") else ""
         return f" “{said[:QUOTE_CHARS - 1] + '…' if len(said) > QUOTE_CHARS else said}”" if said else ""
 
-    sources = "; ".join(f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']}){quote(c)}" for c in cites)
+    sources = "; ".join(f"[card] {c['book']}'s card{quote(c)}" if c.get("card") else
+                        f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']}){quote(c)}" for c in cites)
     return f"{answer}{SOURCES_MARKER} {sources}"
 
 
@@ -277,25 +324,25 @@ def without_sources(reply: str) -> str:
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
              options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-             node: str = "generate", guard: bool = True) -> dict[str, Any]:
+             node: str = "generate", guard: bool = True, cards: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     """Answer and the state update every graph's final node returns.
 
     With ``guard``, an open answer traced to an instruction in the material (``injection.planted``)
     is rejected: the model answers once more without the suspect sentences, and if that answer is
     traced too, the reply says no reliable answer was found. Clean material never pays the retry.
     """
-    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard),
+    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard, cards),
                                    fmt, question, node)
     answer = normalise_answer(text, fmt, len(options))
     report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
-    material = [c["text"] for c in chunks] + list(signature)  # the source's text, not the model's notes
+    material = [c["text"] for c in chunks] + list(signature) + [c["text"] for c in cards]  # the source's text, not the model's notes
     known = [injection.decode(c.get("guard_trace", "")) for c in chunks]
     if guard and fmt == "open" and injection.planted(answer, material, (question,), known):
         report["rejected"] = [answer]
         stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
         text, message_id, retry_usage = _ask(
             llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature], evidence,
-                                 guard), fmt, question, node)
+                                 guard, [{**c, "text": injection.strip_suspect(c["text"])} for c in cards]), fmt, question, node)
         usage = merge_usage(usage, retry_usage)
         answer = normalise_answer(text, fmt, len(options))
         if injection.planted(answer, material, (question,), known):
@@ -305,7 +352,7 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
     # FALSE) the claim itself, which is the question.
     said = (answer if fmt == "open" and answer != NO_RELIABLE_ANSWER
             else options[LETTERS.index(answer)] if fmt == "choice" and len(answer) == 1 and answer in LETTERS[:len(options)] else "")
-    cites = citations(text, chunks, question, said)
+    cites = citations(text, chunks, question, said) + card_citations(cards, said)
     return {
         "answer": answer,
         "citations": cites,

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, get_args, get_origin
 
 AnswerFormat = Literal["open", "choice", "verify"]
 Retriever = Literal["dense", "hybrid"]
+PassageOrder = Literal["score", "document"]
 SignatureInit = Literal["coverage", "first_k"]
 SigStrategy = Literal["trained", "centroid", "mia"]
 SignatureAnswerInputs = Literal["chunks", "chunks+sig"]
@@ -87,8 +88,11 @@ class CommonSettings(GraphSettings):
     """Read by every graph: the collection, the chat model and the answer."""
 
     collection: str = _setting("", "Mindscape (collection) to answer from; `mia ls` lists them.")
-    chat_base_url: str = _setting("", "OpenAI-compatible chat endpoint; empty uses the embedded Qwen2.5-Coder-0.5B-Instruct.")
-    chat_model: str = _setting("", "Model name at the chat endpoint.")
+    chat_base_url: str = _setting("", "OpenAI-compatible chat endpoint; empty uses the embedded model chat_model names.")
+    chat_model: str = _setting(
+        "", "Model name at the chat endpoint; without one, the embedded reader: empty for the default "
+        "qwen2.5-coder-0.5b-instruct-q4_k_m, or qwen2.5-coder-1.5b-instruct-q4_k_m (installed by the large-reader extra)."
+    )
     max_new_tokens: int = _setting(256, "Most tokens the generator may write for an answer.", minimum=1)
     answer_format: AnswerFormat = _setting(
         "open", "open (a short phrase; a reply that restates the question around a name, number or date is cut to it), "
@@ -105,6 +109,14 @@ class RetrievalSettings(GraphSettings):
     """Read by the graphs that rank the mindscape's chunks."""
 
     top_k: int = _setting(10, "Chunks given to the generator.", minimum=1)
+    book_card: bool = _setting(
+        False, "Give the generator the card of each book its chunks come from (written by `mia ingest --cards`): "
+        "title, narrator, main characters, places, plot outline, the most named names."
+    )
+    passage_order: PassageOrder = _setting(
+        "document", "Order of the chunks in the generator's prompt: document (story order: by position in their book, "
+        "books in the collection's order; +2 F1 for rag and mia_rag on 40 literaryqa dev questions) or score (best first)."
+    )
     retriever: Retriever = _setting(
         "hybrid", "hybrid: fuse every ranking with BM25 over the chunks by weighted reciprocal rank fusion (bm25_weight, "
         "rrf_k). dense: the embedder's ranking alone, as in the paper."

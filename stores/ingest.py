@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from mia.prompts.injection import encode, instruction_spans, suspect_ranges, within
 from mia.stores import summaries as summ
+from mia.stores.book_card import DEFAULT_CARDS, CardMode, write_cards
 from mia.stores.chunking import CHUNKERS, Chunk, Chunker, chunk_text
 from mia.stores.embeddings import Embedder, load_embedder
 from mia.stores.front_matter import find_body
@@ -214,6 +215,7 @@ def ingest_sources(
     options: IngestOptions = IngestOptions(),
     *,
     embedder_spec: str = "",
+    cards: CardMode = DEFAULT_CARDS,
     progress: bool = True,
     on_progress: ProgressHook | None = None,
 ) -> IngestReport:
@@ -222,17 +224,26 @@ def ingest_sources(
 
     Everything that can be refused cheaply is refused before a model loads (seconds, or minutes for
     the chat model): bad options, name or sources, a store another writer holds, a store that
-    cannot be opened. The chat model is loaded only for a summarizer that calls it.
+    cannot be opened. The chat model is loaded only for a summarizer or ``cards`` mode that calls
+    it. Book cards (``stores.book_card``) are written last, once every book is committed.
     """
     from mia.stores.chat import load_chat_model  # looked up per call, so a test can stand in for the model
 
+    if cards not in get_args(CardMode):
+        raise InputError(f"unknown book card mode {cards!r}: use one of {', '.join(get_args(CardMode))}")
     sources = _checked_sources(paths, collection, options)
     settings = Settings()
     with writer_lock(settings_store_path(settings)):
         client = chroma_client(settings)
-        llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS else None
+        llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS or cards == "llm" else None
         embedder = load_embedder(embedder_spec)
-        return _ingest(sources, collection, embedder, options, llm, client, None, _Progress(progress, on_progress))
+        report = _ingest(sources, collection, embedder, options, llm, client, None, _Progress(progress, on_progress))
+        if cards != "none" and collection in list_mindscapes(client):
+            progress_hook = _Progress(progress, on_progress)
+            progress_hook.tell("book cards", 0, 1)
+            write_cards(Mindscape(collection, client), llm if cards == "llm" else None, progress=progress)
+            progress_hook.tell("book cards", 1, 1)
+        return report
 
 
 def _checked_sources(paths: Sequence[str | Path], collection: str, options: IngestOptions) -> list[Source]:

@@ -17,6 +17,7 @@ the commit row until their next ingestion moves it (``move_texts_out``); readers
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -191,6 +192,24 @@ class Mindscape:
             self._texts = self.client.get_or_create_collection(f"{self.name}__texts", embedding_function=None, metadata=_COSINE)
         return self._texts
 
+    def put_card(self, book: str, card_json: str, book_hash: str) -> None:
+        """Store a book's card (``stores.book_card``) beside its text, for the book version ``book_hash``
+        names: a card is written after the book is committed (off the path to the first answer), so
+        it cannot share the commit row's atomicity; the hash lets readers ignore a stale one."""
+        self.texts.upsert(ids=[card_id(book)], embeddings=[[1.0]], documents=[card_json],
+                          metadatas=[{"book": book, "hash": book_hash}])
+
+    def cards(self, books: Sequence[str] | None = None) -> dict[str, str]:
+        """The current cards (JSON) of committed books (all of them by default): one made for another
+        version of its book is left out, as is a book without a card."""
+        committed = self.committed_books()
+        wanted = [b for b in (committed if books is None else books) if b in committed]
+        if not wanted:
+            return {}
+        got = self.texts.get(ids=[card_id(b) for b in wanted], include=["documents", "metadatas"])
+        return {m["book"]: d for d, m in zip(got["documents"], got["metadatas"])
+                if m and str(committed[m["book"]].get("hash")) == m.get("hash")}
+
     def ordered_books(self) -> list[str]:
         records = self.book_records()
         return sorted(records, key=lambda b: records[b]["order"])
@@ -357,6 +376,11 @@ class Mindscape:
             out.extend((f"{book}:c{i:06d}", summary_id) for i in range(start, stop))
         return out
 
+    def book_summary_ids(self, book: str) -> list[str]:
+        """The ids of a committed book's session summaries, in book order (from its commit row)."""
+        record = self.committed_books().get(book)
+        return [session_id(book, j) for j in range(int(record.get("summaries", 0)))] if record else []
+
     def chunks_of_summary(self, summary_id: str) -> list[str]:
         got = self.chunks.get(where={"summary_id": summary_id}, include=["metadatas"])
         pairs = sorted(zip(got["ids"], got["metadatas"]), key=lambda p: p[1]["index"])
@@ -419,6 +443,7 @@ class Mindscape:
         rows = self.book_records(pending=True)
         records = {b: r for b, r in rows.items() if not r.get(PENDING)}
         pending = sorted(set(rows) - set(records))
+        cards = self.cards(list(records))
         return {
             "collection": self.name,
             "embedder": self.embedder,
@@ -426,7 +451,8 @@ class Mindscape:
                 {"book": b, "order": records[b]["order"], "chunks": records[b]["chunks"],
                  "summaries": records[b]["summaries"], "tokens": records[b]["tokens"],
                  "chunker": records[b].get("chunker", "window"), "left_out_tokens": records[b].get("left_out_tokens", 0),
-                 "instruction_spans": records[b].get("instruction_spans", 0)}
+                 "instruction_spans": records[b].get("instruction_spans", 0),
+                 "card": json.loads(cards[b]) if b in cards else None}
                 for b in sorted(records, key=lambda b: records[b]["order"])
             ],
             "chunks": sum(int(r["chunks"]) for r in records.values()),
@@ -494,6 +520,11 @@ def neighbour_sessions(summary_id: str, radius: int) -> list[str]:
     return [session_id(book, i) for i in range(max(0, j - radius), j + radius + 1)]
 
 
+def card_id(book: str) -> str:
+    """The id of ``book``'s card in ``__texts`` (a book id never holds ``#``: ``ingest.book_id``)."""
+    return f"{book}#card"
+
+
 def session_id(book: str, window: int) -> str:
     """The id ingestion gives session ``window`` of ``book``."""
     return f"{book}:s{window:05d}"
@@ -533,7 +564,7 @@ def remove_book(name: str, book: str, client: Any | None = None) -> None:
             raise MindscapeError(f"collection {name!r} has no book {book!r} (its books: {', '.join(sorted(records)) or 'none'}); "
                                  f"`mia ls` lists them")
         store.begin_book(book, int(records[book]["order"]))
-        store.texts.delete(ids=[book])
+        store.texts.delete(ids=[book, card_id(book)])
         store.books.delete(ids=[book])
 
 

@@ -161,3 +161,35 @@ def test_trim_keeps_the_citations_and_costs_no_call() -> None:
     out, llm = _generate_with(["The farmer had carted to market Williams pears [1]."])
     assert out["answer"] == "Williams pears" and out["usage"]["llm_calls"] == 1 and len(llm.prompts) == 1
     assert out["messages"][0].content.startswith("Williams pears [1]\n\nSources:")
+
+
+def test_document_order_follows_the_books_order_then_the_offsets() -> None:
+    from mia.nodes.answer import reading_order
+
+    def chunk(book: str, start: int) -> dict[str, Any]:
+        return {"id": f"{book}:{start}", "book": book, "start": start}
+
+    ranked = [chunk("b", 900), chunk("a", 50), chunk("b", 10), chunk("z", 5), chunk("a", 7)]
+    asked: list[int] = []
+
+    def books() -> list[str]:
+        asked.append(1)
+        return ["b", "a"]
+
+    assert reading_order(ranked, "score", books) == ranked and not asked  # score order never reads the books
+    got = [c["id"] for c in reading_order(ranked, "document", books)]
+    assert got == ["b:10", "b:900", "a:7", "a:50", "z:5"]  # collection order, offsets within a book, unknown book last
+
+
+def test_a_card_is_cited_by_its_line_that_holds_the_answer() -> None:
+    from mia.nodes.answer import card_citations
+
+    card = {"book": "a-study-in-scarlet", "text": "Title: A Study in Scarlet\nNarrator: John H. Watson (first person)\n"
+                                                 "Main characters: Sherlock Holmes (consulting detective)\n"
+                                                 "Most named: Holmes (312), Watson (120)"}
+    cites = card_citations([card], "Dr. Watson")
+    assert cites == [{"n": "card", "id": "a-study-in-scarlet#card", "book": "a-study-in-scarlet", "card": True,
+                      "cited_by_model": False, "sentences": [{"text": "Narrator: John H. Watson (first person)"}]}]
+    assert card_citations([card], "Lestrade") == [] and card_citations([card], "") == []
+    assert card_citations([{**card, "text": "Most named: Lestrade (47)"}], "Lestrade") == []  # counts say nothing
+    assert reply_text("Dr. Watson", cites).endswith("Sources: [card] a-study-in-scarlet's card “Narrator: John H. Watson (first person)”")

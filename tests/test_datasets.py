@@ -321,3 +321,29 @@ def test_custom_takes_one_book_file(tmp_path: Path) -> None:
 
 def test_registry() -> None:
     assert set(BUILDERS) == {"fairytale-series", "fairytale-series-titled", "fairytale-train", "multihop-synth", "custom"}
+
+
+def test_custom_reads_a_folder_of_question_files_as_one_set(tmp_path: Path) -> None:
+    texts, _ = _custom_inputs(tmp_path, [])
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    (folder / "b_second.jsonl").write_text(json.dumps({"question": "Where is the key?", "answers": ["under the mat"],
+                                                       "meta": {"book": "b_second"}}) + "\n", encoding="utf-8")
+    (folder / "a_first.jsonl").write_text(json.dumps({"question": "How does it start?", "answers": ["once"],
+                                                      "meta": {"book": "a_first"}}) + "\n", encoding="utf-8")
+    (folder / "notes.txt").write_text("not questions", encoding="utf-8")
+    built = build_custom(tmp_path / "out", texts, folder)
+    assert [(q["id"], q["meta"]["book"]) for q in built.questions] == [("a_first-q1", "a_first"), ("b_second-q1", "b_second")]
+    (folder / "c.jsonl").write_text(json.dumps({"id": "a_first-q1", "question": "q", "answers": ["x"]}) + "\n")
+    with pytest.raises(DatasetError, match=r"c.jsonl:1: duplicate id 'a_first-q1'"):  # ids are unique across the files
+        build_custom(tmp_path / "out2", texts, folder)
+    (folder / "c.jsonl").write_text(json.dumps({"question": "q", "answers": ["x"], "meta": {"book": "c"}}) + "\n")
+    with pytest.raises(DatasetError, match=r"c.jsonl:1: meta.book 'c' is not one of the files \['a_first', 'b_second'\]"):
+        build_custom(tmp_path / "out2", texts, folder)
+    empty = tmp_path / "none"
+    empty.mkdir()
+    with pytest.raises(DatasetError, match="no .jsonl files in this folder"):
+        build_custom(tmp_path / "out2", texts, empty)
+    with pytest.raises(DatasetError, match="questions file or folder not found"):
+        build_custom(tmp_path / "out2", texts, tmp_path / "missing.jsonl")
+    assert not (tmp_path / "out2").exists()

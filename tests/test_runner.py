@@ -396,3 +396,65 @@ def test_token_table_reads_strict_first_and_leaves_a_budget_some_ranking_did_not
     paired = "\n".join(table)
     assert "## Paired difference in recall at equal retrieved tokens against `rag`" in paired
     assert "| bm25 | 25.0 [25.0, 25.0] | 25.0 [25.0, 25.0] | – | – |" in paired
+
+
+def test_misses_are_split_into_reading_and_retrieval_and_answers_sit_beside_references() -> None:
+    def rec(system: str, qid: str, f1: float, seen: float, answer: str) -> dict[str, Any]:
+        return {"system": system, "part": "p", "id": qid, "question": f"Who is {qid}?", "answer": answer,
+                "references": [f"ref {qid}", "other | ref"], "scores": {"f1": f1, "answer_in_passages": seen},
+                **{m: 0.0 for m in report.COST_METRICS}}
+
+    records = [rec("rag", "a", 100.0, 100.0, "ref a"), rec("rag", "b", 0.0, 100.0, "wrong"),
+               rec("rag", "c", 40.0, 0.0, "half"), rec("rag", "d", 0.0, 0.0, "x" * 300),
+               rec("mia_rag", "a", 50.0, 0.0, "ref"), rec("mia_rag", "b", 0.0, 0.0, "no")]
+    grouped = report._by_system(records)
+    lines = report._tables({"parts": [{}]}, grouped, ["rag", "mia_rag"], seed=0)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines
+            if line.startswith("| ") and line.count("|") == 7}
+    # questions, answered (F1 >= 50), missed, reading misses, retrieval misses
+    assert rows["rag"] == ["4", "1", "3", "1", "2"] and rows["mia_rag"] == ["2", "1", "1", "0", "1"]
+    answers = report.answers_section(grouped, ["rag", "mia_rag"])
+    assert answers[3] == "| question | references | `rag` | `mia_rag` |"
+    by_question = {line.split(" | ")[0]: line for line in answers[5:]}
+    assert by_question["| Who is a?"] == "| Who is a? | ref a / other \\| ref | ref a (100 ·) | ref (50) |"
+    assert by_question["| Who is c?"].endswith("| half (40) | – |")  # mia_rag did not answer c
+    assert "x" * (report.ANSWER_CELL_CHARS - 1) + "…" in by_question["| Who is d?"]
+    assert report.answers_section(report._by_system([{**r, "scores": {}} for r in records]), ["rag"]) == []
+
+
+@needs_data
+@pytest.mark.slow
+def test_a_folder_of_question_files_runs_as_one_set_each_question_over_its_own_book(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The literaryqa layout: one JSONL file per book, each question naming its book in meta.book,
+    is one data set, and each question is asked over a collection of its own book alone."""
+    monkeypatch.setenv("MIA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(tmp_path / "chroma"))
+    texts, questions = _write_custom(tmp_path)
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    for story in STORIES[:2]:
+        own = [json.loads(line) for line in questions.read_text().splitlines() if json.loads(line)["id"].startswith(story)]
+        (folder / f"{story}.jsonl").write_text("".join(json.dumps({**r, "meta": {"book": story}}) + "\n" for r in own))
+    built = build_custom(tmp_path / "dataset", texts, folder)
+    first, second = sorted(STORIES[:2])  # the files in name order
+    assert [q["meta"]["book"] for q in built.questions] == [first] * 2 + [second] * 2
+    results = runner.run_eval(str(built.dir), None, ["rag"], retrieval_only=True, out=tmp_path / "out", progress=False)
+    assert len(results.records) == 4
+    collections = {r["id"].rsplit("-", 1)[0]: r["collection"] for r in results.records}
+    assert len(set(collections.values())) == 2
+    for record in results.records:
+        store = Mindscape(record["collection"])
+        assert len(store.book_records()) == 1  # its own book alone
+        assert record["scores"]["recall@20"] == 100.0  # the whole (short) story came back
+
+
+def test_a_limit_takes_questions_in_turn_from_each_source_or_book() -> None:
+    def q(qid: str, **meta: str) -> dict[str, Any]:
+        return {"id": qid, "meta": meta}
+
+    books = [q("a0", book="a"), q("a1", book="a"), q("a2", book="a"), q("b0", book="b"), q("c0", book="c"), q("c1", book="c")]
+    assert [x["id"] for x in runner.select_questions(books, 4)] == ["a0", "b0", "c0", "a1"]
+    sources = [q("h0", source="hotpot", book="h0"), q("h1", source="hotpot", book="h1"), q("m0", source="musique", book="m0")]
+    assert [x["id"] for x in runner.select_questions(sources, 2)] == ["h0", "m0"]  # the source groups, not the books
+    assert runner.select_questions(books, None) == books

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from langchain_core.messages import BaseMessage
@@ -19,6 +19,7 @@ from langchain_core.outputs import ChatResult
 
 from mia.graph import cli as mia_cli
 from mia.stores import summaries as summ
+from mia.stores.book_card import DEFAULT_CARDS, CardMode
 from mia.stores.ingest import SUMMARIZERS, IngestOptions, ingest
 from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import SummaryCache, excerpt, sentences
@@ -114,6 +115,7 @@ def test_cli_offers_every_summarizer_with_the_stores_default() -> None:
     assert mia_cli.SUMMARIZER_CHOICES == SUMMARIZERS
     assert mia_cli.DEFAULT_SUMMARIZER == IngestOptions.summarizer
     assert mia_cli.DEFAULT_CHUNKER == IngestOptions.chunker
+    assert mia_cli.CARD_CHOICES == get_args(CardMode) and mia_cli.DEFAULT_CARDS == DEFAULT_CARDS
 
 
 @pytest.mark.parametrize("summarizer", ["llm-excerpt", "extractive"])

@@ -168,10 +168,12 @@ def test_an_upload_is_ingested_by_a_run_of_the_ingest_graph_then_deleted(keys: N
         assert client.get("/mia/api/collections/web-upload").status_code == 404  # kept, not ingested: the run does that
         report, progress = _run_ingest({"uploads": ["The_Goose.txt"], "collection": "web-upload", "summarizer": "extractive"})
         assert report["books_written"] == ["the-goose"] and report["chunks"] > 0
-        assert progress[-1] == ("books", 1, 1)
-        stage, done, total = [p for p in progress if p[0] != "books"][-1]
+        assert progress[-1] == ("book cards", 1, 1)  # written last, once the book is in
+        assert ("books", 1, 1) in progress
+        stage, done, total = [p for p in progress if p[0] not in ("books", "book cards")][-1]
         assert stage == "embedding summaries the-goose" and done == total > 0
-        assert client.get("/mia/api/collections/web-upload").json()["books"][0]["book"] == "the-goose"
+        listed = client.get("/mia/api/collections/web-upload").json()["books"][0]
+        assert listed["book"] == "the-goose" and listed["card"]["method"] == "names-v1"  # the page shows it
         assert client.delete("/mia/api/collections/web-upload").json() == {"removed": "web-upload"}
         gone = client.delete("/mia/api/collections/web-upload")
         assert gone.status_code == 404 and "unknown collection" in gone.json()["detail"]
@@ -337,6 +339,9 @@ def test_collections_are_listed_with_their_counts(site: Site, browser: Any) -> N
     assert _collections_listed(browser) == ["fairy", "other"]
     stats = browser.find_element("css selector", "li[data-collection=fairy] .stats").text
     assert re.fullmatch(r"2 book\(s\) · \d+ chunks · \d+ summaries · [\d,]+ tokens", stats), stats
+    cards = browser.execute_script(  # each book's card, folded under it (textContent: a closed <details> hides it)
+        "return [...document.querySelectorAll('li[data-collection=fairy] .books details.card pre')].map((p) => p.textContent);")
+    assert len(cards) == 2 and all(c.startswith("Title: ") and "Made by: names-v1" in c for c in cards), cards
 
 
 @pytest.mark.slow

@@ -140,7 +140,8 @@ function renderCollections(preferred) {
   for (const c of state.collections) {
     const books = el("ol", {class: "books"}, c.books.map((b) =>
       el("li", {}, el("span", {class: "book-name"}, b.book),
-         el("span", {class: "muted"}, ` ${fmt(b.chunks)} chunks · ${fmt(b.summaries)} summaries · ${fmt(b.tokens)} tokens`))));
+         el("span", {class: "muted"}, ` ${fmt(b.chunks)} chunks · ${fmt(b.summaries)} summaries · ${fmt(b.tokens)} tokens`),
+         b.card ? el("details", {class: "card"}, el("summary", {}, "card"), el("pre", {}, cardText(b.card))) : null)));
     list.append(el("li", {class: "collection", "data-collection": c.collection},
       el("div", {class: "collection-head"},
         el("button", {type: "button", class: "link", onclick: () => { select.value = c.collection; newThread(); }}, c.collection),
@@ -155,6 +156,22 @@ async function refreshCollections() {
   const listed = await api("/mia/api/collections");
   state.collections = listed.collections;
   renderCollections();
+}
+
+// A book card (stores/book_card.py) as the lines its own text() gives the reader, less the length cap.
+function cardText(card) {
+  const person = card.first_person ? "first person" : "third person";
+  const character = (c) => c.name + (c.role ? ` (${c.role})` : "") + (c.aliases && c.aliases.length ? `; also ${c.aliases.join(", ")}` : "");
+  return [
+    `Title: ${card.title}`, card.author ? `Author: ${card.author}` : null,
+    card.narrator ? `Narrator: ${card.narrator} (${person})` : `Narration: ${person}`,
+    card.characters.length ? `Main characters: ${card.characters.map(character).join("; ")}` : null,
+    card.places.length ? `Places: ${card.places.join("; ")}` : null,
+    card.time ? `Time: ${card.time}` : null,
+    card.outline.length ? `Plot: ${card.outline.map((s, i) => `${i + 1}. ${s}`).join(" ")}` : null,
+    card.names.length ? `Most named: ${card.names.slice(0, 12).map((n) => `${n.name} (${n.mentions})`).join(", ")}` : null,
+    `Made by: ${card.method}`,
+  ].filter((line) => line !== null).join("\n");
 }
 
 async function removeCollection(name) {
@@ -450,9 +467,12 @@ function finishMessage(message, run) {
   const citations = values.citations || [];
   if (citations.length) {
     message.append(el("div", {class: "sources"}, "Sources: ",
-      citations.map((c) => el("button", {type: "button", class: "citation", "data-chunk": c.id,
-        title: `${c.cited_by_model ? "cited by the model" : "given to the model, which cited none"}: “${((c.sentences || [])[0] || {}).text || ""}”`,
-        onclick: () => openPassage(run.collection, c.id, c.sentences || [])}, `[${c.n}] ${c.book}, chunk ${c.chunk}`))));
+      citations.map((c) => c.card
+        ? el("button", {type: "button", class: "citation", "data-card": c.book, title: `the book's card: “${c.sentences[0].text}”`,
+          onclick: () => openCard(run.collection, c.book, c.sentences[0].text)}, `[card] ${c.book}`)
+        : el("button", {type: "button", class: "citation", "data-chunk": c.id,
+          title: `${c.cited_by_model ? "cited by the model" : "given to the model, which cited none"}: “${((c.sentences || [])[0] || {}).text || ""}”`,
+          onclick: () => openPassage(run.collection, c.id, c.sentences || [])}, `[${c.n}] ${c.book}, chunk ${c.chunk}`))));
   }
   const usage = values.usage || {};
   message.append(el("div", {class: "meta muted"},
@@ -481,6 +501,21 @@ async function openPassage(collection, chunkId, sentences = []) {
     $("passage-text").replaceChildren(el("span", {class: "context"}, p.before), mark, el("span", {class: "context"}, p.after));
     $("passage").showModal();
     mark.scrollIntoView({block: "center"});
+  } catch (error) { showError(error); }
+}
+
+// A card citation: the book's whole card (from the collection's listing), the cited line standing out.
+async function openCard(collection, book, line) {
+  try {
+    const stats = await api(`/mia/api/collections/${enc(collection)}`);
+    const card = (stats.books.find((b) => b.book === book) || {}).card;
+    const text = card ? cardText(card) : line;
+    const at = text.indexOf(line);
+    $("passage-title").textContent = `${book} — the book's card`;
+    $("passage-where").textContent = card ? `made by ${card.method}` : "";
+    const cited = el("strong", {class: "support"}, line);
+    $("passage-text").replaceChildren(...(at < 0 ? [cited] : [text.slice(0, at), cited, text.slice(at + line.length)]));
+    $("passage").showModal();
   } catch (error) { showError(error); }
 }
 
