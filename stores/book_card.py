@@ -216,7 +216,7 @@ def first_person_share(text: str) -> float:
 class BookCard:
     """A book's card. Without a chat model only ``title`` and ``author`` (from a Project Gutenberg
     header, else the book's name), ``first_person`` and ``names`` are filled (method "names-v1");
-    narrator, characters, places, time and outline need the model ("llm:<model>:<prompt version>")."""
+    narrator, characters, places, time and outline need the model ("llm:<model>:<prompt version>:<checks>")."""
 
     book: str
     title: str
