@@ -135,7 +135,7 @@ def run_question(graph_name: str, question: str, settings: dict[str, Any], optio
 
 
 def _explain(store_name: str, state: dict[str, Any], ctx: GraphSettings) -> str:
-    from mia.nodes.answer import book_cards
+    from mia.nodes.answer import reader_input
     from mia.nodes.context import RetrievalSettings, SignatureGraphSettings
     from mia.stores.mindscape import Mindscape
 
@@ -162,11 +162,10 @@ def _explain(store_name: str, state: dict[str, Any], ctx: GraphSettings) -> str:
     for entry in state.get("trajectory") or []:
         lines.append(f"Step: {json.dumps(entry, ensure_ascii=False)[:400]}")
     if isinstance(ctx, RetrievalSettings) and ctx.book_card:
-        chunks = store.chunk_records([r["id"] for r in state.get("retrieved") or []][: ctx.top_k], documents=False)
-        cards = book_cards(store, chunks)
+        _, cards = reader_input(store, [r["id"] for r in state.get("retrieved") or []][: ctx.top_k], ctx, texts=False)
         lines.append("Book cards given to the generator:" if cards else
                      "Book cards given to the generator: none (the books have no card yet: `mia ingest --cards llm`)")
-        lines.extend("  " + card.replace("\n", "\n  ") for card in cards)
+        lines.extend("  " + card["text"].replace("\n", "\n  ") for card in cards)
     lines.extend(_explain_guard(store, state))
     return "\n".join(lines)
 

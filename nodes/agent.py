@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 from mia import prompts
 from mia.nodes import resources
 from mia.nodes.answer import generate as answer_with
-from mia.nodes.answer import book_cards, options_for, reading_order, usage_of
+from mia.nodes.answer import options_for, reader_input, usage_of
 from mia.nodes.context import AgentGraphSettings, AgentSettings, MiaAgentSettings
 from mia.nodes.qa import prepare as prepare_question
 from mia.nodes.qa import initial_signature
@@ -255,11 +255,10 @@ def generate(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> dict[st
     """M_gen(q, P_t, σ_{t+1}, E_{t+1}) (Eq. 6), with the memories ``answer_inputs`` names."""
     ctx = runtime.context
     store = resources.mindscape(ctx)
-    chunks = reading_order(store.chunk_records([r["id"] for r in state.get("retrieved", [])][: ctx.top_k]),
-                           ctx.passage_order, store.ordered_books)
+    chunks, cards = reader_input(store, [r["id"] for r in state.get("retrieved", [])][: ctx.top_k], ctx)
     sig_ids = [s["id"] for s in state.get("signature") or []] if "sig" in ctx.answer_inputs else []
     signature = [r["text"] for r in store.summary_records(sig_ids)] if sig_ids else []
     evidence = [e["fact"] for e in state.get("evidence") or []] if "evi" in ctx.answer_inputs else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard,
-                       cards=book_cards(store, chunks) if ctx.book_card else ())
+                       cards=cards)

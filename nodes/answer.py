@@ -9,7 +9,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 
 from mia import prompts
-from mia.nodes.context import AnswerFormat, CommonSettings, PassageOrder
+from mia.nodes.context import AnswerFormat, CommonSettings, PassageOrder, RetrievalSettings
 from mia.nodes.state import merge_usage
 from mia.prompts import injection
 from mia.stores.bm25 import tokenize
@@ -67,6 +67,15 @@ def book_cards(store: Mindscape, chunks: Sequence[dict[str, Any]]) -> list[dict[
     books = list(dict.fromkeys(c["book"] for c in chunks))
     found = store.cards(books)
     return [{"book": b, "text": BookCard.from_json(found[b]).text()} for b in books if b in found]
+
+
+def reader_input(store: Mindscape, ids: Sequence[str], ctx: RetrievalSettings, *,
+                 texts: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The chunks ``ids`` as the generator reads them (``reading_order``) and the book cards it is
+    given with them (none unless ``book_card``): one place, so every graph and ``--explain`` agree
+    on what the generator got. ``texts=False`` fetches the chunks' metadata only."""
+    chunks = reading_order(store.chunk_records(ids, documents=texts), ctx.passage_order, store.ordered_books)
+    return chunks, (book_cards(store, chunks) if ctx.book_card else [])
 
 
 def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), guard: bool = True,

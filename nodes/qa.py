@@ -13,7 +13,7 @@ from langgraph.runtime import Runtime
 from mia import prompts
 from mia.nodes import resources
 from mia.nodes.answer import generate as answer_with
-from mia.nodes.answer import book_cards, options_for, reading_order, usage_of, without_sources
+from mia.nodes.answer import options_for, reader_input, usage_of, without_sources
 from mia.nodes.context import (CommonSettings, MiaRagSettings, RagSettings, SignatureGraphSettings, SignatureSettings,
                                StaticSettings)
 from mia.nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
@@ -162,11 +162,10 @@ def generate_with_signature(state: QAState, runtime: Runtime[MiaRagSettings]) ->
 
 def _answer(state: QAState, ctx: RagSettings | MiaRagSettings, with_signature: bool) -> dict[str, Any]:
     store = resources.mindscape(ctx)
-    chunks = reading_order(store.chunk_records([r["id"] for r in state.get("retrieved", [])]), ctx.passage_order,
-                           store.ordered_books)
+    chunks, cards = reader_input(store, [r["id"] for r in state.get("retrieved", [])], ctx)
     sig_ids = [s["id"] for s in state.get("signature") or []] if with_signature else []
     signature = [r["text"] for r in store.summary_records(sig_ids)] if sig_ids else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature, guard=ctx.injection_guard,
-                       cards=book_cards(store, chunks) if ctx.book_card else ())
+                       cards=cards)
 

@@ -238,6 +238,10 @@ def test_ingestion_writes_cards_last_reuses_them_and_rewrites_them_when_the_book
     assert cli("ingest", str(source), "--collection", "cards-test", "--cards", "names", "--quiet").code == 0
     assert built == ["tiny-tale", "tiny-tale"]
     assert BookCard.from_json(Mindscape("cards-test").cards()["tiny-tale"]).title == "Small Tale"
+    explained = cli("ask", "Who keeps the inn?", "--collection", "cards-test", "--explain", "--set", "book_card=true",
+                    "--set", "retrieval_only=true")
+    assert explained.code == 0, explained.err
+    assert "Book cards given to the generator:\n  Title: Small Tale" in explained.out
     assert "card: Title: Small Tale" in cli("ls").out
     assert cli("rm", "cards-test").code == 0
 
