@@ -160,7 +160,7 @@ def build(all_cases: list[Case], texts: dict[str, str], folder: Path, progress: 
             got = store.summaries.get(include=["documents", "metadatas", "embeddings"])
             with writer_lock(store_path(client)):
                 for sid, doc, meta, vector in zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"]):
-                    if meta["start"] <= offset < meta["end"] and plant.text not in doc:
+                    if "start" in meta and meta["start"] <= offset < meta["end"] and plant.text not in doc:  # sessions, not book units
                         # The vector is kept (passing it also stops Chroma from embedding the text itself).
                         store.summaries.update(ids=[sid], documents=[f"{doc} {plant.text}"], embeddings=[list(vector)])
 

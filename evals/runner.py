@@ -403,11 +403,13 @@ def _ingestions(jobs: Sequence[Job]) -> dict[str, _Ingestion]:
 
 
 def _card_readers(jobs: Sequence[Job]) -> dict[str, GraphSettings]:
-    """Per collection, the settings of the first variant that gives its generator book cards: they
-    name the chat model that writes the cards. Collections no variant reads cards from pay nothing."""
+    """Per collection, the settings of the first variant that reads book cards (its generator, or its
+    signature's book units): they name the chat model that writes the cards. Collections no variant
+    reads cards from pay nothing."""
     readers: dict[str, GraphSettings] = {}
     for job in jobs:
-        if getattr(job.variant.context, "book_card", False):
+        context = job.variant.context
+        if getattr(context, "book_card", False) or getattr(context, "signature_levels", "sessions") != "sessions":
             readers.setdefault(job.collection, job.variant.context)
     return readers
 
@@ -433,7 +435,7 @@ def _run_ingestions(plans: dict[str, _Ingestion], cards: dict[str, GraphSettings
         ingest([path for _, path in _books(plan.part, plan.book)], collection, embedder, options=plan.options, llm=llm,
                progress=detailed)
         if collection in cards:
-            write_cards(Mindscape(collection), chat(cards[collection]), progress=detailed)
+            write_cards(Mindscape(collection), chat(cards[collection]), progress=detailed, embedder=embedder)
 
 
 def _books(part: Part, book: str | None) -> list[tuple[str, Path]]:

@@ -22,6 +22,7 @@ Retriever = Literal["dense", "hybrid"]
 PassageOrder = Literal["score", "document"]
 SignatureInit = Literal["coverage", "first_k"]
 SigStrategy = Literal["trained", "centroid", "mia"]
+SignatureLevels = Literal["sessions", "sessions+books"]
 SignatureAnswerInputs = Literal["chunks", "chunks+sig"]
 EvidenceAnswerInputs = Literal["chunks", "chunks+evi"]
 AgentAnswerInputs = Literal["chunks", "chunks+sig", "chunks+evi", "chunks+sig+evi"]
@@ -159,6 +160,10 @@ class SignatureSettings(GraphSettings):
                                minimum=0)
     lambda_d: float = _setting(0.3, "signature_init coverage: weight of diversity in the selection objective (λ_D).",
                                minimum=0)
+    signature_levels: SignatureLevels = _setting(
+        "sessions", "Units the signature is selected from: sessions (session summaries), or sessions+books (also each "
+        "book's unit, its card as text, a level above its sessions; needs book cards). Retrieval reads the sessions only."
+    )
     selection_embedder: str = _setting(
         "", "signature_init coverage: embedder whose vectors score the selection, bge-m3:PATH (a local BGE-M3 folder, as "
         "in the paper) or any embedder spec. Empty: the collection's own vectors, no extra model."

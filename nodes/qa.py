@@ -19,7 +19,7 @@ from mia.nodes.context import (CommonSettings, MiaRagSettings, RagSettings, Sign
 from mia.nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
 from mia.nodes.signature import coverage_aware, first_k, summary_pool
 from mia.nodes.state import QAState
-from mia.stores.mindscape import ChunkHit
+from mia.stores.mindscape import ChunkHit, chunk_book
 
 
 class QuestionError(ValueError):
@@ -101,13 +101,22 @@ def initial_signature(question: str, ctx: SignatureGraphSettings) -> dict[str, A
 
 def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[ChunkHit],
                      ctx: SignatureGraphSettings) -> list[dict[str, Any]]:
-    """InitSignature (``signature_init``) over the ranked step-0 hits."""
+    """InitSignature (``signature_init``) over the ranked step-0 hits. Under ``signature_levels``
+    sessions+books a chunk is covered by its session and by its book's unit, the paper's overcomplete
+    memory: coverage then overlaps, and a book unit competes with the sessions it spans."""
     covered = [h for h in step0 if h.summary_id]
-    ranked_summaries = [h.summary_id for h in covered]
     if step0 and not covered:
         raise resources.MindscapeError(
             f"collection {store.name!r} has no session summaries: re-ingest it with --summarizer llm or extractive"
         )
+    units = store.book_units([chunk_book(h.id) for h in covered]) if ctx.signature_levels == "sessions+books" else {}
+    if covered and ctx.signature_levels == "sessions+books" and not units:
+        raise resources.MindscapeError(
+            f"signature_levels sessions+books needs book units, and the books of collection {store.name!r} that the "
+            "question reached have none: rerun `mia ingest` on them (--cards names or llm) to write them"
+        )
+    ranked_summaries = [[h.summary_id, units[chunk_book(h.id)]] if chunk_book(h.id) in units else h.summary_id
+                        for h in covered]
     if ctx.signature_init == "first_k":
         picks = first_k(ranked_summaries, ctx.k_sum)
     else:

@@ -28,7 +28,7 @@ import numpy as np
 from mia.nodes.context import RetrievalSettings, SigStrategy, SignatureGraphSettings
 from mia.stores.bm25 import ChunkIndex
 from mia.stores.embeddings import Embedder
-from mia.stores.mindscape import ChunkHit, Mindscape, MindscapeError
+from mia.stores.mindscape import ChunkHit, Mindscape, MindscapeError, is_book_unit
 from mia.stores.signature_head import EVIDENCE, SignatureHead, load_head
 
 
@@ -102,9 +102,14 @@ def query_only(store: Mindscape, query_vec: np.ndarray, k: int, *, text: str = "
             for (i, score), owner in zip(fused, sessions)]
 
 
+def scored(hit: ChunkHit) -> Scored:
+    """A query-only hit as a ranking entry (s_qry = cosine to the query, s_sig = 0)."""
+    return Scored(hit.id, hit.score, hit.score if hit.cosine is None else hit.cosine, 0.0)
+
+
 def as_scored(hits: Sequence[ChunkHit]) -> list[dict[str, float | str]]:
-    """Query-only hits in the state's ranking shape (s_qry = cosine to the query, s_sig = 0)."""
-    return [Scored(h.id, h.score, h.score if h.cosine is None else h.cosine, 0.0).as_dict() for h in hits]
+    """Query-only hits in the state's ranking shape."""
+    return [scored(h).as_dict() for h in hits]
 
 
 def _ranked(ids: Sequence[str], score: np.ndarray, s_qry: np.ndarray, s_sig: np.ndarray, k: int,
@@ -271,8 +276,17 @@ def trained_signature(
 def signature_ranking(ctx: SignatureGraphSettings, store: Mindscape, embedder: Embedder, question: str,
                       query_vec: np.ndarray, summary_ids: Sequence[str], k: int) -> list[Scored]:
     """E2 under the run's ``sig_strategy``: the top k chunks for the question and its signature
-    (mia_rag's E2, mia_agent's Retrieve, the retrieval bench)."""
+    (mia_rag's E2, mia_agent's Retrieve, the retrieval bench).
+
+    E2 reads the signature's sessions; its book units (``signature_levels``) are left to the reader:
+    a book unit spans every chunk of its book, so it would pull the ranking towards the book as a
+    whole, not towards a part of it, and the head was trained on sessions only. A signature of book
+    units alone conditions nothing, and E2 is then the query-only ranking."""
     fusion = Fusion.of(ctx)
+    summary_ids = [i for i in summary_ids if not is_book_unit(i)]
+    if not summary_ids:
+        hits = query_only(store, query_vec, k, text=question, fusion=fusion, depth=ctx.candidates, for_signature=False)
+        return [scored(h) for h in hits]
     if ctx.sig_strategy == "trained":
         return trained_signature(store, load_head(ctx.sig_weights), query_vec, summary_ids, ctx.delta, k, ctx.candidates,
                                  text=question, fusion=fusion)

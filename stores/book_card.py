@@ -30,6 +30,7 @@ from tqdm import tqdm
 from mia import prompts
 from mia.stores.chat import chat_model_name, json_call
 from mia.stores.chunking import is_heading
+from mia.stores.embeddings import Embedder
 from mia.stores.front_matter import find_body
 from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import SummaryCache, cache_key, sentence_spans
@@ -482,8 +483,10 @@ card costs about a minute a book with the embedded model and is asked for with `
 
 
 def write_cards(store: Mindscape, llm: BaseChatModel | None, cache: SummaryCache | None = None,
-                progress: bool = False) -> dict[str, int]:
-    """Give every committed book of ``store`` a current card, made with ``llm`` (None: model-free).
+                progress: bool = False, embedder: Embedder | None = None) -> dict[str, int]:
+    """Give every committed book of ``store`` a current card, made with ``llm`` (None: model-free),
+    and, with ``embedder`` (the collection's), its book unit: the card as text, embedded, the level
+    of the mindscape above the sessions that ``signature_levels=sessions+books`` selects from.
 
     Run after the books are committed, so a card never delays the chunks a first answer reads; a
     book whose card is current (made for this version of the book, by this method) is skipped, so a
@@ -500,4 +503,11 @@ def write_cards(store: Mindscape, llm: BaseChatModel | None, cache: SummaryCache
         card, used = build_card(book, store.book_text(book), summaries, llm, cache or SummaryCache())
         store.put_card(book, card.to_json(), str(records[book].get("hash")))
         usage = {k: usage[k] + used[k] for k in usage}
+    if embedder is not None:
+        cards = store.cards()
+        units = store.book_units(list(cards))
+        # A card made in this call replaces its book's unit; a card made before units existed gets one.
+        for book in [b for b in cards if b not in units or b in books]:
+            text = BookCard.from_json(cards[book]).text()
+            store.put_book_unit(book, text, embedder.embed_documents([text])[0], str(records[book].get("hash")))
     return usage

@@ -241,7 +241,8 @@ def ingest_sources(
         if cards != "none" and collection in list_mindscapes(client):
             progress_hook = _Progress(progress, on_progress)
             progress_hook.tell("book cards", 0, 1)
-            write_cards(Mindscape(collection, client), llm if cards == "llm" else None, progress=progress)
+            write_cards(Mindscape(collection, client), llm if cards == "llm" else None, progress=progress,
+                        embedder=embedder)
             progress_hook.tell("book cards", 1, 1)
         return report
 

@@ -210,6 +210,25 @@ class Mindscape:
         return {m["book"]: d for d, m in zip(got["documents"], got["metadatas"])
                 if m and str(committed[m["book"]].get("hash")) == m.get("hash")}
 
+    def put_book_unit(self, book: str, text: str, vector: np.ndarray, book_hash: str) -> None:
+        """Store the book's unit of the mindscape's upper level (its card as text, embedded) beside
+        its session summaries, for the book version ``book_hash`` names. It is a summary row, so
+        every reader of summaries' texts (the reader's signature, ``--explain``, the web page) shows
+        it, and a rewrite of the book removes it with the sessions."""
+        self.upsert("summaries", [book_unit_id(book)], np.asarray([vector]), [text],
+                    [{"book": book, "level": "book", "hash": book_hash}])
+
+    def book_units(self, books: Sequence[str]) -> dict[str, str]:
+        """book → the id of its current book unit, for those of ``books`` that have one (made for the
+        committed version of the book)."""
+        committed = self.committed_books()
+        wanted = [b for b in dict.fromkeys(books) if b in committed]
+        if not wanted:
+            return {}
+        got = self.summaries.get(ids=[book_unit_id(b) for b in wanted], include=["metadatas"])
+        return {m["book"]: i for i, m in zip(got["ids"], got["metadatas"])
+                if m and str(committed[m["book"]].get("hash")) == m.get("hash")}
+
     def ordered_books(self) -> list[str]:
         records = self.book_records()
         return sorted(records, key=lambda b: records[b]["order"])
@@ -239,15 +258,17 @@ class Mindscape:
         return [by_id[i] for i in ids if i in by_id]
 
     def vectors(self, collection: str, ids: Sequence[str]) -> np.ndarray:
-        """Stored vectors in the order asked (``collection`` is ``chunks`` or ``summaries``)."""
+        """Stored vectors in the order asked (``collection`` is ``chunks`` or ``summaries``): from the
+        matrix kept in memory, and from Chroma by id for what it lacks (book units)."""
         if not ids:
             return np.zeros((0, 0), dtype=np.float32)
         rows, matrix = self.vector_rows(collection)
-        if all(i in rows for i in ids):
+        missing = [i for i in dict.fromkeys(ids) if i not in rows]
+        if not missing:
             return matrix[[rows[i] for i in ids]]
-        got = getattr(self, collection).get(ids=list(ids), include=["embeddings"])
+        got = getattr(self, collection).get(ids=missing, include=["embeddings"])
         by_id = dict(zip(got["ids"], got["embeddings"]))
-        return np.asarray([by_id[i] for i in ids], dtype=np.float32)
+        return np.asarray([matrix[rows[i]] if i in rows else by_id[i] for i in ids], dtype=np.float32)
 
     def stored_chunk_vectors(self, book: str) -> dict[str, np.ndarray]:
         """The vectors of the book's stored chunks keyed by chunk text, committed or not: a rewrite
@@ -329,9 +350,10 @@ class Mindscape:
                     ids, matrix = held.ids[start:stop], held.matrix[start:stop]
                 else:
                     got = getattr(self, collection).get(where={"book": book}, include=["embeddings"])
-                    order = sorted(range(len(got["ids"])), key=lambda n: got["ids"][n])  # ids name the book's order
+                    # ids name the book's order; a book unit is read by id (``book_units``), never ranked
+                    order = sorted((n for n, i in enumerate(got["ids"]) if not is_book_unit(i)), key=lambda n: got["ids"][n])
                     ids = [got["ids"][n] for n in order]  # a book ingested without summaries has none
-                    matrix = (np.asarray(got["embeddings"], dtype=np.float32).reshape(len(ids), -1)[order] if ids
+                    matrix = (np.asarray(got["embeddings"], dtype=np.float32).reshape(len(got["ids"]), -1)[order] if ids
                               else np.zeros((0, 0), dtype=np.float32))
                     # A writer may have turned the book pending since its row was read: a block that
                     # lacks rows its commit row counts serves this call but is not kept.
@@ -429,7 +451,7 @@ class Mindscape:
         committed = self.committed_books()  # read once per instance
         out = []
         for chunk_id in chunk_ids:
-            book, _, index = chunk_id.rpartition(":c")
+            book, _, index = chunk_id.rpartition(":c")  # chunk_book
             record = committed.get(book)
             if record is None or int(record.get("summaries", 0)) == 0:
                 out.append("")
@@ -523,6 +545,20 @@ def neighbour_sessions(summary_id: str, radius: int) -> list[str]:
 def card_id(book: str) -> str:
     """The id of ``book``'s card in ``__texts`` (a book id never holds ``#``: ``ingest.book_id``)."""
     return f"{book}#card"
+
+
+def chunk_book(chunk_id: str) -> str:
+    """The book of a chunk id (``BOOK:c{i:06d}``)."""
+    return chunk_id.rpartition(":c")[0]
+
+
+def book_unit_id(book: str) -> str:
+    """The id of ``book``'s unit in ``__summaries``, the level above its sessions."""
+    return f"{book}#book"
+
+
+def is_book_unit(summary_id: str) -> bool:
+    return summary_id.endswith("#book")
 
 
 def session_id(book: str, window: int) -> str:

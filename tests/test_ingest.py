@@ -30,7 +30,7 @@ from mia.stores import chat as chat_module
 from mia.stores.bm25 import ChunkIndex
 from mia.stores.embeddings import Embedder
 from mia.stores.ingest import IngestOptions, InputError, book_id, ingest, ingest_sources
-from mia.stores.mindscape import Mindscape, MindscapeError, chroma_client
+from mia.stores.mindscape import Mindscape, MindscapeError, book_unit_id, chroma_client, is_book_unit
 from mia.stores.summaries import SummaryCache
 from mia.stores.tokens import count_tokens
 from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
@@ -130,7 +130,7 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
     """Every book fully present: exact chunks, one summary per window, both maps consistent."""
     records = store.book_records()
     assert sorted(records) == sorted(texts)
-    total_chunks = total_summaries = 0
+    total_chunks = total_summaries = total_units = 0
     for book, text in texts.items():
         ids = store.book_chunk_ids(book)
         chunks = store.chunk_records(ids)
@@ -139,7 +139,10 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
         assert [c["index"] for c in chunks] == list(range(n))
         for c in chunks:
             assert text[c["start"] : c["end"]] == c["text"]
-        summaries = store.summaries.get(where={"book": book}, include=["metadatas"])
+        rows = store.summaries.get(where={"book": book}, include=["metadatas"])
+        units = [i for i in rows["ids"] if is_book_unit(i)]
+        assert units in ([], [book_unit_id(book)])  # the level above the sessions: one unit a book at most
+        summaries = {k: [v for i, v in zip(rows["ids"], rows[k]) if not is_book_unit(i)] for k in ("ids", "metadatas")}
         assert len(summaries["ids"]) == math.ceil(n / window)
         for sid, meta in zip(summaries["ids"], summaries["metadatas"]):
             first, last = meta["first_chunk"], meta["last_chunk"]
@@ -153,7 +156,8 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
         assert store.book_text(book) == text
         total_chunks += n
         total_summaries += len(summaries["ids"])
-    assert store.chunks.count() == total_chunks and store.summaries.count() == total_summaries
+        total_units += len(units)
+    assert store.chunks.count() == total_chunks and store.summaries.count() == total_summaries + total_units
 
 
 def texts_of(paths: list[Path]) -> dict[str, str]:

@@ -16,9 +16,9 @@ import pytest
 
 from mia.nodes.context import MiaRagSettings, RagSettings
 from mia.nodes.qa import select_signature
-from mia.nodes.retrieval import Fusion, dual_signal, query_only, signature_vector
+from mia.nodes.retrieval import Fusion, dual_signal, query_only, signature_ranking, signature_vector
 from mia.stores.mindscape import MindscapeError
-from tests.conftest import requires_data, story_text
+from tests.conftest import requires_data, story_text, write_stories
 
 pytestmark = requires_data
 
@@ -315,6 +315,48 @@ def test_unknown_collection(graph: str, tiny_collection, cli) -> None:
     line = _one_error_line(cli("ask", QUESTIONS[0], "--collection", "no-such-shelf", "--graph", graph))
     assert "unknown collection 'no-such-shelf'" in line and tiny_collection.name in line
     assert "`mia ingest PATH --collection no-such-shelf`" in line
+
+
+def test_two_levels_offer_book_units_that_e2_leaves_to_the_reader(tmp_path, minilm, tiny_collection, cli) -> None:
+    """signature_levels=sessions+books: ingestion gives each book a unit (its card as text, embedded
+    by the collection's embedder, kept out of the session matrix); step-0 chunks are covered by their
+    session and their book's unit; E2 ranks by the signature's sessions alone. A collection without
+    units (ingested without cards) is refused with the fix."""
+    from mia.stores.book_card import BookCard
+    from mia.stores.mindscape import Mindscape, is_book_unit
+
+    paths = write_stories(tmp_path / "stories")
+    assert cli("ingest", *map(str, paths), "--collection", "two-levels", "--cards", "names", "--quiet").code == 0
+    store = Mindscape("two-levels")
+    books = store.ordered_books()
+    units = store.book_units(books)
+    assert sorted(units) == sorted(books)
+    card = BookCard.from_json(store.cards()[books[0]]).text()
+    assert store.summary_records([units[books[0]]])[0]["text"] == card
+    np.testing.assert_allclose(store.vectors("summaries", [units[books[0]]])[0], minilm.embed_documents([card])[0], atol=1e-6)
+    rows, _ = store.vector_rows("summaries")
+    assert rows and not any(is_book_unit(i) for i in rows)
+
+    def signature_of(*settings: str) -> tuple[list[str], list[str]]:
+        result = cli("ask", QUESTIONS[0], "--collection", "two-levels", "--graph", "mia_rag", "--json",
+                     "--set", "retrieval_only=true", *settings)
+        assert result.code == 0, result.err
+        state = json.loads(result.out)
+        return [s["id"] for s in state["signature"]], [r["id"] for r in state["retrieved"]]
+
+    without_units = cli("ask", QUESTIONS[0], "--collection", tiny_collection.name, "--set", "retrieval_only=true",
+                        "--graph", "mia_rag", "--set", "signature_levels=sessions+books")
+    assert without_units.code == 2 and "needs book units" in without_units.err and "--cards" in without_units.err
+    sessions_only, _ = signature_of()
+    assert not any(is_book_unit(i) for i in sessions_only)
+    signature, retrieved = signature_of("--set", "signature_levels=sessions+books", "--set", "sig_strategy=centroid")
+    assert any(is_book_unit(i) for i in signature)
+    ctx = MiaRagSettings(collection="two-levels", sig_strategy="centroid")
+    sessions = [i for i in signature if not is_book_unit(i)]
+    expected = signature_ranking(ctx, Mindscape("two-levels"), minilm, QUESTIONS[0], minilm.embed_query(QUESTIONS[0]),
+                                 sessions, ctx.top_k)
+    assert retrieved == [h.id for h in expected]
+    assert cli("rm", "two-levels").code == 0
 
 
 def test_invalid_collection_name(cli) -> None:
