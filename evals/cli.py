@@ -193,7 +193,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="a context setting (e.g. alpha=0.2) or ingestion option (chunk_size, overlap, window, chunker, "
                         "keep_front_matter, summarizer); repeat")
     p.add_argument("--sweep", action="append", metavar="[SYSTEM:]KEY=V1,V2",
-                   help="run each system once per value, named e.g. mia_rag[alpha=0.2]; several sweeps combine")
+                   help="run each system once per value, named e.g. mia_rag[alpha=0.2]; several sweeps combine; settings "
+                        "linked by & move together: 'passage_order&chat_model=score&A,document&B' is two variants, not four")
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight at once (default 1)")
     p.add_argument("--summarizer", choices=["extractive", "llm", "llm-excerpt"], default="extractive",
                    help="session summaries for ingestion (default extractive: no LLM); --sweep summarizer=... "

@@ -151,9 +151,16 @@ class EvalResults:
 # --------------------------------------------------------------------------- settings and variants
 
 
+LINK = "&"
+"""Joins settings swept together (``--sweep 'passage_order&chat_model=score&A,document&B'``): a
+configuration that differs from another in several settings is then one variant, paired against
+the other on the same questions, without running the combinations nobody asked for."""
+
+
 def parse_assignments(items: Sequence[str], *, multi: bool) -> dict[str, Any]:
     """``KEY=VALUE`` (or ``SYSTEM:KEY=VALUE``, for one system only) from ``--set`` / ``--sweep``;
-    with ``multi`` the value is a comma-separated list of the values to sweep."""
+    with ``multi`` the value is a comma-separated list of the values to sweep, and a key of linked
+    settings (``LINK``) takes a tuple per value."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -165,7 +172,16 @@ def parse_assignments(items: Sequence[str], *, multi: bool) -> dict[str, Any]:
             values = [v.strip() for v in value.split(",") if v.strip()]
             if not values:
                 raise ValueError(f"--sweep {item!r}: give at least one value")
-            out[key] = values
+            width = len(key.split(LINK))
+            if width > 1:
+                # Linked settings move together: one variant per value tuple, not per combination.
+                tuples = [tuple(part.strip() for part in v.split(LINK)) for v in values]
+                if any(len(t) != width or not all(t) for t in tuples):
+                    raise ValueError(f"--sweep {item!r}: each value of {width} linked settings needs {width} parts joined by "
+                                     f"{LINK!r}, e.g. a{LINK}b=1{LINK}x,2{LINK}y")
+                out[key] = tuples
+            else:
+                out[key] = values
         else:
             out[key] = value.strip()
     return out
@@ -186,8 +202,12 @@ def _scoped(assignments: dict[str, Any], system: str, systems: Sequence[str]) ->
     for key, value in assignments.items():
         scope, sep, name = key.partition(":")
         if not sep:
-            if key in _reads(system):
+            read = [part in _reads(system) for part in key.split(LINK)]
+            if all(read):
                 plain[key] = value
+            elif any(read):
+                raise ValueError(f"linked sweep {key!r}: {system} reads only some of these settings; scope it to the "
+                                 f"systems that read them all (SYSTEM:{key}=...)")
         elif scope not in systems:
             raise ValueError(f"setting {key!r} names system {scope!r}, which is not among the systems {list(systems)}")
         elif scope == system:
@@ -227,7 +247,8 @@ def expand_variants(
                 f"decisions); retrieval-only works for {', '.join(registry.RETRIEVAL_ONLY_GRAPHS)}: "
                 "drop --retrieval-only or remove those systems"
             )
-    unread = sorted(key for key in [*settings, *sweeps] if ":" not in key and not any(key in _reads(s) for s in systems))
+    keys = [*settings, *(part for key in sweeps for part in key.split(LINK))]
+    unread = sorted(key for key in keys if ":" not in key and not any(key in _reads(s) for s in systems))
     if unread:
         raise ValueError(f"unknown setting(s) {', '.join(unread)}: no graph of {', '.join(systems)} reads them")
     variants: list[Variant] = []
@@ -235,7 +256,9 @@ def expand_variants(
         base = _scoped(settings, system, systems)
         axes = list(_scoped(sweeps, system, systems).items())
         for combo in itertools.product(*(values for _, values in axes)):
-            swept = {key: value for (key, _), value in zip(axes, combo)}
+            swept = {}
+            for (key, _), value in zip(axes, combo):
+                swept.update(zip(key.split(LINK), value) if LINK in key else [(key, value)])
             name = system + (f"[{','.join(f'{k}={v}' for k, v in swept.items())}]" if swept else "")
             variants.append(_variant(name, system, {**base, **swept}, retrieval_only, summarizer))
     return variants

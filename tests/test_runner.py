@@ -239,6 +239,29 @@ def test_variants_and_sweeps() -> None:
     assert explicit.fingerprint == plain.fingerprint != rag.fingerprint  # alpha 0.2 is the default
 
 
+def test_linked_sweeps_move_settings_together() -> None:
+    sweeps = runner.parse_assignments(["passage_order&top_k=score&5,document&12", "mia_rag:alpha=0.2,0.5"], multi=True)
+    assert sweeps == {"passage_order&top_k": [("score", "5"), ("document", "12")], "mia_rag:alpha": ["0.2", "0.5"]}
+    variants = runner.expand_variants(["rag", "mia_rag"], {}, sweeps, retrieval_only=False, summarizer="extractive")
+    assert [v.name for v in variants] == [
+        "rag[passage_order=score,top_k=5]", "rag[passage_order=document,top_k=12]",
+        "mia_rag[passage_order=score,top_k=5,alpha=0.2]", "mia_rag[passage_order=score,top_k=5,alpha=0.5]",
+        "mia_rag[passage_order=document,top_k=12,alpha=0.2]", "mia_rag[passage_order=document,top_k=12,alpha=0.5]"]
+    assert (variants[1].context.passage_order, variants[1].context.top_k) == ("document", 12)
+    scoped = runner.parse_assignments(["rag:passage_order&top_k=score&5,document&12", "mia_rag:top_k=3"], multi=True)
+    assert [v.name for v in runner.expand_variants(["rag", "mia_rag"], {}, scoped, retrieval_only=False,
+                                                   summarizer="extractive")] == [
+        "rag[passage_order=score,top_k=5]", "rag[passage_order=document,top_k=12]", "mia_rag[top_k=3]"]
+    with pytest.raises(ValueError, match="needs 2 parts"):
+        runner.parse_assignments(["passage_order&top_k=score,document&12"], multi=True)
+    with pytest.raises(ValueError, match="reads only some of these settings"):
+        runner.expand_variants(["rag", "mia_rag"], {}, runner.parse_assignments(["top_k&alpha=5&0.2"], multi=True),
+                               retrieval_only=False, summarizer="extractive")
+    with pytest.raises(ValueError, match="unknown setting.*colour"):
+        runner.expand_variants(["rag"], {}, runner.parse_assignments(["top_k&colour=5&red"], multi=True),
+                               retrieval_only=False, summarizer="extractive")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
