@@ -113,9 +113,9 @@ def _bare(prompt_text: str, max_tokens: int, repeat: int) -> list[dict[str, floa
 
 
 def _project(messages: list[Any], overrides: dict[str, Any], max_tokens: int, repeat: int) -> list[dict[str, float]]:
-    from mia.stores.chat import LlamaCppChat, embedded_model_path
+    from mia.stores.chat import EMBEDDED_NAME, LlamaCppChat, embedded_model_path
 
-    llm = LlamaCppChat(model_path=str(embedded_model_path()), max_tokens=max_tokens, **overrides)
+    llm = LlamaCppChat(model_path=str(embedded_model_path()), model_name=EMBEDDED_NAME, max_tokens=max_tokens, **overrides)
     llama, _ = llm.llama()
     rows = []
     for _ in range(repeat):

@@ -47,6 +47,7 @@ from mia.graph import registry
 from mia.nodes import resources
 from mia.nodes.context import GraphSettings, StaticSettings, coerce_setting, context_from
 from mia.stores.book_card import write_cards
+from mia.stores.chat import EMBEDDED_NAME
 from mia.stores.embeddings import Embedder, load_embedder
 from mia.stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, ingest
 from mia.stores.mindscape import Mindscape
@@ -109,6 +110,8 @@ class Variant:
         settings = {name: getattr(self.context, name) for name in read}
         if settings.get("retriever") == "dense":
             settings = {name: value for name, value in settings.items() if name not in HYBRID_ONLY}
+        if "chat_model" in settings and not settings["chat_model"] and not settings.get("chat_base_url"):
+            settings["chat_model"] = EMBEDDED_NAME  # the default reader by name: a changed default is another configuration
         payload = {"graph": self.graph, "context": settings, "ingest": asdict(self.ingest)}
         if settings.get("sig_strategy") == "trained":
             payload["head"] = head_digest(settings["sig_weights"])  # a retrained head is another configuration
@@ -838,8 +841,6 @@ def _part_info(part: Part, limit: int | None) -> dict[str, Any]:
 
 def _chat_label(variants: Sequence[Variant]) -> str:
     """Names the chat model(s) without loading one: the report header must not cost a model load."""
-    from mia.stores.chat import EMBEDDED_NAME
-
     labels = {
         f"{v.context.chat_model or 'default'} at {v.context.chat_base_url}" if v.context.chat_base_url
         else v.context.chat_model or EMBEDDED_NAME

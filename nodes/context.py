@@ -92,7 +92,7 @@ class CommonSettings(GraphSettings):
     chat_base_url: str = _setting("", "OpenAI-compatible chat endpoint; empty uses the embedded model chat_model names.")
     chat_model: str = _setting(
         "", "Model name at the chat endpoint; without one, the embedded reader: empty for the default "
-        "qwen2.5-coder-0.5b-instruct-q4_k_m, or qwen2.5-coder-1.5b-instruct-q4_k_m (installed by the large-reader extra)."
+        "qwen2.5-coder-1.5b-instruct-q4_k_m, or qwen2.5-coder-0.5b-instruct-q4_k_m (faster, and weaker on reader's questions)."
     )
     max_new_tokens: int = _setting(256, "Most tokens the generator may write for an answer.", minimum=1)
     answer_format: AnswerFormat = _setting(

