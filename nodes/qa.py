@@ -109,14 +109,14 @@ def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[
         raise resources.MindscapeError(
             f"collection {store.name!r} has no session summaries: re-ingest it with --summarizer llm or extractive"
         )
-    units = store.book_units([chunk_book(h.id) for h in covered]) if ctx.signature_levels == "sessions+books" else {}
+    books = [chunk_book(h.id) for h in covered]
+    units = store.book_units(books) if ctx.signature_levels == "sessions+books" else {}
     if covered and ctx.signature_levels == "sessions+books" and not units:
         raise resources.MindscapeError(
             f"signature_levels sessions+books needs book units, and the books of collection {store.name!r} that the "
             "question reached have none: rerun `mia ingest` on them (--cards names or llm) to write them"
         )
-    ranked_summaries = [[h.summary_id, units[chunk_book(h.id)]] if chunk_book(h.id) in units else h.summary_id
-                        for h in covered]
+    ranked_summaries = [[h.summary_id, units[book]] if book in units else h.summary_id for h, book in zip(covered, books)]
     if ctx.signature_init == "first_k":
         picks = first_k(ranked_summaries, ctx.k_sum)
     else:

@@ -507,7 +507,8 @@ def write_cards(store: Mindscape, llm: BaseChatModel | None, cache: SummaryCache
         cards = store.cards()
         units = store.book_units(list(cards))
         # A card made in this call replaces its book's unit; a card made before units existed gets one.
-        for book in [b for b in cards if b not in units or b in books]:
-            text = BookCard.from_json(cards[book]).text()
-            store.put_book_unit(book, text, embedder.embed_documents([text])[0], str(records[book].get("hash")))
+        stale = [b for b in cards if b not in units or b in books]
+        texts = [BookCard.from_json(cards[book]).text() for book in stale]
+        for book, text, vector in zip(stale, texts, embedder.embed_documents(texts) if texts else []):
+            store.put_book_unit(book, text, vector, str(records[book].get("hash")))
     return usage

@@ -116,7 +116,7 @@ def embedded_model_path(home: Path | None = None, model: EmbeddedModel | None = 
     """
     import importlib
 
-    model = model or EMBEDDED_MODELS[EMBEDDED_NAME]
+    model = model or embedded_model("")
     target = (home or mia_home()) / "models" / model.file
     if target.exists():
         _verify(target, model, shown=target)

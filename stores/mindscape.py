@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
@@ -199,16 +199,22 @@ class Mindscape:
         self.texts.upsert(ids=[card_id(book)], embeddings=[[1.0]], documents=[card_json],
                           metadatas=[{"book": book, "hash": book_hash}])
 
+    def _current(self, rows: Any, row_id: Callable[[str], str], books: Sequence[str] | None) -> dict[str, tuple[str, str]]:
+        """book → (id, text) of the per-book row ``row_id`` names in ``rows``, for committed books (all of
+        them by default) whose row was made for their committed version: rows written after a book's
+        commit (cards, book units) cannot share its atomicity, so their hash tells a stale one."""
+        committed = self.committed_books()
+        wanted = [b for b in dict.fromkeys(committed if books is None else books) if b in committed]
+        if not wanted:
+            return {}
+        got = rows.get(ids=[row_id(b) for b in wanted], include=["documents", "metadatas"])
+        return {m["book"]: (i, d) for i, d, m in zip(got["ids"], got["documents"], got["metadatas"])
+                if m and str(committed[m["book"]].get("hash")) == m.get("hash")}
+
     def cards(self, books: Sequence[str] | None = None) -> dict[str, str]:
         """The current cards (JSON) of committed books (all of them by default): one made for another
         version of its book is left out, as is a book without a card."""
-        committed = self.committed_books()
-        wanted = [b for b in (committed if books is None else books) if b in committed]
-        if not wanted:
-            return {}
-        got = self.texts.get(ids=[card_id(b) for b in wanted], include=["documents", "metadatas"])
-        return {m["book"]: d for d, m in zip(got["documents"], got["metadatas"])
-                if m and str(committed[m["book"]].get("hash")) == m.get("hash")}
+        return {book: text for book, (_, text) in self._current(self.texts, card_id, books).items()}
 
     def put_book_unit(self, book: str, text: str, vector: np.ndarray, book_hash: str) -> None:
         """Store the book's unit of the mindscape's upper level (its card as text, embedded) beside
@@ -221,13 +227,7 @@ class Mindscape:
     def book_units(self, books: Sequence[str]) -> dict[str, str]:
         """book → the id of its current book unit, for those of ``books`` that have one (made for the
         committed version of the book)."""
-        committed = self.committed_books()
-        wanted = [b for b in dict.fromkeys(books) if b in committed]
-        if not wanted:
-            return {}
-        got = self.summaries.get(ids=[book_unit_id(b) for b in wanted], include=["metadatas"])
-        return {m["book"]: i for i, m in zip(got["ids"], got["metadatas"])
-                if m and str(committed[m["book"]].get("hash")) == m.get("hash")}
+        return {book: unit for book, (unit, _) in self._current(self.summaries, book_unit_id, books).items()}
 
     def ordered_books(self) -> list[str]:
         records = self.book_records()
@@ -451,7 +451,7 @@ class Mindscape:
         committed = self.committed_books()  # read once per instance
         out = []
         for chunk_id in chunk_ids:
-            book, _, index = chunk_id.rpartition(":c")  # chunk_book
+            book, _, index = chunk_id.rpartition(":c")
             record = committed.get(book)
             if record is None or int(record.get("summaries", 0)) == 0:
                 out.append("")
