@@ -222,6 +222,8 @@ def test_ingestion_writes_cards_last_reuses_them_and_rewrites_them_when_the_book
         return real(book, *args, **kwargs)
 
     monkeypatch.setattr(book_card, "build_card", counting)
+    # A store of its own: `mia ls` below must list this collection only, whatever other tests ingested.
+    monkeypatch.setenv("MIA_CHROMA_PATH", str(tmp_path / "chroma"))
     source = tmp_path / "tiny_tale.txt"
     source.write_text(BOOK, encoding="utf-8")
     assert cli("ingest", str(source), "--collection", "cards-test", "--cards", "names", "--quiet").code == 0
