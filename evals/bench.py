@@ -83,7 +83,8 @@ def measure_ingest(path: Path, summarizer: str = "extractive", embedder_spec: st
     from chromadb.config import Settings as ChromaSettings
 
     from mia.stores.embeddings import load_embedder
-    from mia.stores.ingest import EMBED_BATCH, IngestOptions, chunk_book, collect_sources, ingest
+    from mia.stores.ingest import EMBED_BATCH, IngestOptions, collect_sources, ingest
+    from mia.stores.ingest.chunks import chunk_book
     from mia.stores.summaries import SummaryCache
     from mia.stores.tokens import count_tokens
 
@@ -194,7 +195,7 @@ def questions_from(store: Any, n: int) -> list[str]:
     """
     from mia.stores.summaries import sentences
 
-    ids = [i for book in store.ordered_books() for i in store.book_chunk_ids(book)]
+    ids = [i for book in store.commits.ordered() for i in store.book_chunk_ids(book)]
     if not ids:
         raise ValueError(f"collection {store.name!r} has no chunks to take questions from")
     picks = [ids[int(i)] for i in np.linspace(0, len(ids) - 1, num=min(n, len(ids)))]

@@ -43,6 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mia.stores.settings import data_root
+from mia.stores.units import Level
 
 INGEST_GOAL = 1.15
 ADD_GOAL = 1.3
@@ -178,13 +179,14 @@ class _Library:
         started = time.perf_counter()
         store = Mindscape(collection, self.client)
         ChunkIndex.for_collection(store, stem=self.stem)
-        store.vector_rows("chunks")
-        store.vector_rows("summaries")
+        store.vector_rows(Level.CHUNK)
+        store.vector_rows(Level.SESSION)
         return time.perf_counter() - started
 
     def pure_embedding(self, sources: Sequence[Any]) -> float:
         """``embed_documents`` alone on the chunk and summary texts the ingestion of ``sources`` embedded."""
-        from mia.stores.ingest import EMBED_BATCH, chunk_book
+        from mia.stores.ingest import EMBED_BATCH
+        from mia.stores.ingest.chunks import chunk_book
         from mia.stores.mindscape import Mindscape
 
         texts = [c.text for s in sources for c in chunk_book(s.text, self.options, self.embedder)[1]]
@@ -197,7 +199,7 @@ class _Library:
         return time.perf_counter() - started
 
     def drop(self, collection: str) -> None:
-        from mia.stores.mindscape import delete_mindscape
+        from mia.stores.chroma import delete_mindscape
         from mia.stores.settings import mia_home
 
         delete_mindscape(collection, self.client)
@@ -234,7 +236,8 @@ def measure_scale(books: Path, fractions: Sequence[float] = DEFAULT_FRACTIONS, h
     from mia.nodes.context import RagSettings
     from mia.stores.embeddings import load_embedder
     from mia.stores.ingest import collect_sources
-    from mia.stores.mindscape import Mindscape, chroma_client
+    from mia.stores.chroma import chroma_client
+    from mia.stores.mindscape import Mindscape
     from mia.stores.settings import Settings, mia_home
     from mia.stores.tokens import count_tokens
 
@@ -315,7 +318,9 @@ def _on_server(tmp: Path, grown: Sequence[Any], extra: Any, embedder: Any, stem:
     their embedding seconds, timed many minutes earlier, lets the machine's drift into the ratio."""
     import psutil
 
-    from mia.stores.mindscape import Mindscape, chroma_client
+    from mia.stores.chroma import chroma_client
+
+    from mia.stores.mindscape import Mindscape
     from mia.stores.settings import Settings, mia_home
 
     name = f"scale-{os.getpid()}-server"

@@ -190,10 +190,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output folder (default evals/results/<dataset>-<split>[-<length>][-retrieval])")
     p.add_argument("--json", action="store_true", help="print one JSON object with per-system averages")
     p.add_argument("--set", action="append", metavar="[SYSTEM:]KEY=VALUE",
-                   help="a context setting (e.g. alpha=0.2) or ingestion option (chunk_size, overlap, window, chunker, "
+                   help="a context setting (e.g. k_sum=3) or ingestion option (chunk_size, overlap, window, chunker, "
                         "keep_front_matter, summarizer); repeat")
     p.add_argument("--sweep", action="append", metavar="[SYSTEM:]KEY=V1,V2",
-                   help="run each system once per value, named e.g. mia_rag[alpha=0.2]; several sweeps combine; settings "
+                   help="run each system once per value, named e.g. mia_rag[k_sum=3]; several sweeps combine; settings "
                         "linked by & move together: 'passage_order&chat_model=score&A,document&B' is two variants, not four")
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight at once (default 1)")
     p.add_argument("--summarizer", choices=["extractive", "llm", "llm-excerpt"], default="extractive",

@@ -30,7 +30,8 @@ from mia.evals.metrics import f1, normalize_answer, paired_bootstrap_ci, sub_em
 from mia.graph.registry import load_graph, settings_for
 from mia.stores.embeddings import load_embedder
 from mia.stores.ingest import IngestOptions, ingest
-from mia.stores.mindscape import Mindscape, chroma_client
+from mia.stores.chroma import chroma_client
+from mia.stores.mindscape import Mindscape
 from mia.stores.settings import data_root, mia_home
 from mia.stores.writer_lock import store_path, writer_lock
 

@@ -24,7 +24,7 @@ from mia.evals.metrics import TOKEN_BUDGETS, bootstrap_ci, pair_accuracy, paired
 
 SCORE_METRICS = ("strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
                  "recall@1", "recall@5", "recall@10", "recall@20",
-                 "f1", "em", "sub_em", "answer_in_passages", "accuracy", "claim_accuracy")
+                 "f1", "em", "sub_em", "answer_in_passages", "first_citation_holds", "accuracy", "claim_accuracy")
 """The results table's scores. Strict recall leads: plain recall credits a chunk with every gold
 section it touches, so it rewards where a chunker cuts (``metrics.strict_recall_at_k``)."""
 TOKEN_METRICS = tuple(f"{kind}@{budget}tok" for budget in TOKEN_BUDGETS for kind in ("strict_recall", "recall"))
@@ -185,15 +185,19 @@ def _misses_table(grouped: dict[str, list[dict[str, Any]]], systems: Sequence[st
             continue
         missed = [s for s in scored if s["f1"] < MISSED_BELOW_F1]
         reading = sum(1 for s in missed if s["answer_in_passages"])
-        rows.append(f"| {name} | {len(scored)} | {len(scored) - len(missed)} | {len(missed)} | {reading} | "
+        right = [s for s in scored if s["f1"] >= MISSED_BELOW_F1 and "first_citation_holds" in s]
+        held = f"{sum(1 for s in right if s['first_citation_holds'])} of {len(right)}" if right else "–"
+        rows.append(f"| {name} | {len(scored)} | {len(scored) - len(missed)} | {held} | {len(missed)} | {reading} | "
                     f"{len(missed) - reading} |")
     if not rows:
         return []
     return ["", f"## Reading against retrieval (open answers; a miss has F1 below {MISSED_BELOW_F1:g})", "",
             "A reading miss had every word of some reference answer (SQuAD-normalised) in the passages its reader "
-            "was given; a retrieval miss did not.", "",
-            "| system | questions | answered (F1 ≥ 50) | missed | reading misses | retrieval misses |",
-            "|---|---|---|---|---|---|", *rows]
+            "was given; a retrieval miss did not. Of the answers, how many quote in their first citation a sentence "
+            "that holds every word of the answer (stemmed, stopwords dropped).", "",
+            "| system | questions | answered (F1 ≥ 50) | of them, first citation holds the answer | missed | reading misses "
+            "| retrieval misses |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
 def _cell(text: str) -> str:

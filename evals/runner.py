@@ -1,6 +1,6 @@
 """Run question graphs over a built data set and record every (system, question) result.
 
-One run compares several *variants* (a graph plus its settings, e.g. ``mia_rag[alpha=0.2]``) on the
+One run compares several *variants* (a graph plus its settings, e.g. ``mia_rag[k_sum=3]``) on the
 same questions, because paired comparisons on the same questions are what the reports rest on
 (docs/design.md §5). The expensive parts are done once and cached:
 
@@ -45,14 +45,15 @@ from mia.evals import metrics, peers
 from mia.evals.datasets import BUILDERS, Dataset, load_dataset
 from mia.graph import registry
 from mia.nodes import resources
-from mia.nodes.context import GraphSettings, StaticSettings, coerce_setting, context_from
-from mia.stores.book_card import write_cards
+from mia.nodes.context import (GraphSettings, RetrievalSettings, SignatureSettings, StaticSettings, coerce_setting,
+                               context_from)
 from mia.stores.chat import EMBEDDED_NAME
 from mia.stores.embeddings import Embedder, load_embedder
 from mia.stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, ingest
 from mia.stores.mindscape import Mindscape
 from mia.stores.settings import mia_home
 from mia.stores.signature_head import head_digest
+from mia.stores.units import SIGNATURE_LEVELS, Level
 
 RECALL_KS = (1, 5, 10, 20)
 RANKING_DEPTH = 100
@@ -97,7 +98,7 @@ class Variant:
     @property
     def fingerprint(self) -> str:
         """Every resolved setting the graph reads (``graph.registry.settings_read``), with the
-        ingestion options: ``alpha=0.50`` typed or left at a default of 0.5 is one configuration, an
+        ingestion options: ``k0=50`` typed or left at its default of 50 is one configuration, an
         environment variable that changes a setting changes it too, and a changed default is another
         configuration, so a cached result never stands for a setting it was not made under. (Code
         changes are not tracked: after changing what a setting does, write to a new ``--out``.)
@@ -114,7 +115,7 @@ class Variant:
             settings["chat_model"] = EMBEDDED_NAME  # the default reader by name: a changed default is another configuration
         payload = {"graph": self.graph, "context": settings, "ingest": asdict(self.ingest)}
         if settings.get("sig_strategy") == "trained":
-            payload["head"] = head_digest(settings["sig_weights"])  # a retrained head is another configuration
+            payload["head"] = head_digest(self.context.sig_weights)  # a retrained head is another configuration
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -435,8 +436,10 @@ def _card_readers(jobs: Sequence[Job]) -> dict[str, GraphSettings]:
     readers: dict[str, GraphSettings] = {}
     for job in jobs:
         context = job.variant.context
-        if getattr(context, "book_card", False) or getattr(context, "signature_levels", "sessions") != "sessions":
-            readers.setdefault(job.collection, job.variant.context)
+        reads_cards = isinstance(context, RetrievalSettings) and context.book_card
+        selects_books = isinstance(context, SignatureSettings) and Level.BOOK in SIGNATURE_LEVELS[context.signature_levels]
+        if reads_cards or selects_books:
+            readers.setdefault(job.collection, context)
     return readers
 
 
@@ -458,10 +461,9 @@ def _run_ingestions(plans: dict[str, _Ingestion], cards: dict[str, GraphSettings
     detailed = progress and len(plans) <= 4
     for collection, plan in tqdm(plans.items(), desc="ingesting", unit="collection", disable=not progress or len(plans) < 2):
         llm = chat(plan.context) if plan.options.summarizer in LLM_SUMMARIZERS else None
+        card_model = chat(cards[collection]) if collection in cards else None
         ingest([path for _, path in _books(plan.part, plan.book)], collection, embedder, options=plan.options, llm=llm,
-               progress=detailed)
-        if collection in cards:
-            write_cards(Mindscape(collection), chat(cards[collection]), progress=detailed, embedder=embedder)
+               cards="llm" if card_model else "none", card_model=card_model, progress=detailed)
 
 
 def _books(part: Part, book: str | None) -> list[tuple[str, Path]]:
@@ -483,13 +485,15 @@ def _peer_indexes(jobs: Sequence[Job], embedder: Embedder, progress: bool) -> di
 
 def score_question(
     question: dict[str, Any], answer: str, spans: Sequence[metrics.Span], tokens: Sequence[int], available: int,
-    retrieval_only: bool, passages: Sequence[str] | None = None,
+    retrieval_only: bool, passages: Sequence[str] | None = None, first_citation_holds: bool | None = None,
 ) -> dict[str, float]:
     """Percentages for every metric that applies: recall@k needs gold spans and k chunks retrieved,
     or all ``available`` ones (fewer would make recall@20 silently equal recall@10); recall at N
     tokens needs chunks of N ``tokens`` retrieved (the last may cross N), or all ``available``
     ones; answer metrics need a run that answered, and ``answer_in_passages`` the texts of the
-    ``passages`` its reader was given (a graph that reads the whole source has none)."""
+    ``passages`` its reader was given (a graph that reads the whole source has none), and
+    ``first_citation_holds`` whether the answer's first citation quotes a sentence holding all of its
+    words (None: the graph cites nothing)."""
     scores: dict[str, float] = {}
     gold = [(g["book"], g["start"], g["end"]) for g in question.get("gold") or []]
     if gold:
@@ -513,6 +517,8 @@ def score_question(
         scores["sub_em"] = 100.0 * metrics.sub_em(answer, question["answers"])
         if passages is not None:
             scores["answer_in_passages"] = 100.0 * metrics.answer_in_passages(passages, question["answers"])
+        if first_citation_holds is not None:
+            scores["first_citation_holds"] = 100.0 * first_citation_holds
     return scores
 
 
@@ -532,7 +538,7 @@ class _Opened:
 
 def _open(name: str) -> _Opened:
     store = Mindscape(name)
-    hashes = sorted((book, str(record.get("hash"))) for book, record in store.book_records().items())
+    hashes = sorted((book, str(record.get("hash"))) for book, record in store.commits.records().items())
     version = hashlib.sha256(json.dumps(hashes).encode()).hexdigest()[:12]
     return _Opened(store, resources.embedder(store), store.chunks.count(), version)
 
@@ -565,8 +571,9 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     spans, tokens = _spans(opened, ids, book_map)
     read = ids[: ctx.top_k] if hasattr(ctx, "top_k") and not job.variant.retrieval_only else None
     passages = [c["text"] for c in opened.store.chunk_records(read)] if read is not None else None
+    cites = [c for c in state.get("citations") or [] if not c.get("card")]
     return _record(job, opened.version, str(state.get("answer") or ""), ids, spans, tokens, opened.size,
-                   state.get("usage") or {}, seconds, passages)
+                   state.get("usage") or {}, seconds, passages, bool(cites[0].get("holds_answer")) if cites else None)
 
 
 def _run_peer_job(job: Job, index: peers.PeerIndex) -> dict[str, Any]:
@@ -579,7 +586,8 @@ def _run_peer_job(job: Job, index: peers.PeerIndex) -> dict[str, Any]:
 
 
 def _record(job: Job, version: str, answer: str, ids: list[str], spans: list[metrics.Span], tokens: list[int],
-            available: int, usage: dict[str, Any], seconds: float, passages: Sequence[str] | None = None) -> dict[str, Any]:
+            available: int, usage: dict[str, Any], seconds: float, passages: Sequence[str] | None = None,
+            first_citation_holds: bool | None = None) -> dict[str, Any]:
     """One line of ``results.jsonl``: the job, its ranking (ids and each chunk's tokens, so recall at
     any budget can be recomputed from the record), the reference answers beside the answer, its
     scores and costs. ``passages``: the texts the reader was given, when it was given chunks."""
@@ -598,7 +606,8 @@ def _record(job: Job, version: str, answer: str, ids: list[str], spans: list[met
         "answer": answer,
         **({"references": list(question["answers"])} if question.get("answers") else {}),
         **({"label": question["label"], "pair": question["meta"]["pair"]} if question.get("claim") and "pair" in question["meta"] else {}),
-        "scores": score_question(question, answer, spans, tokens, available, job.variant.retrieval_only, passages),
+        "scores": score_question(question, answer, spans, tokens, available, job.variant.retrieval_only, passages,
+                                 first_citation_holds),
         "retrieved": ids,
         "tokens": tokens,
         "llm_calls": int(usage.get("llm_calls", 0)),

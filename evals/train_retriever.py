@@ -20,7 +20,7 @@ Every collection is ingested with the product's defaults, so the head learns on 
 summaries it will be used with.
 
 * Inputs: each question's signature comes from the project's own step 0 and InitSignature
-  (``nodes.qa.select_signature``: hybrid E1, coverage-aware), and what the head reads of it from
+  (``nodes.signature_init.select_signature``: hybrid E1, coverage-aware), and what the head reads of it from
   ``nodes.retrieval.head_inputs``, the function E2 itself calls.
 * Objective: InfoNCE over every chunk of the question's collection (a softmax over all of them, so
   the hard negatives the first stage confuses, other stories' chunks, are all in it), with several
@@ -62,11 +62,12 @@ from tqdm import tqdm
 from mia.evals import metrics
 from mia.evals.runner import collection_name, prepare_parts
 from mia.nodes.context import MiaRagSettings
-from mia.nodes.qa import select_signature
+from mia.nodes.signature_init import select_signature
 from mia.nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
 from mia.stores.embeddings import Embedder, load_embedder
 from mia.stores.ingest import IngestOptions, ingest
-from mia.stores.mindscape import Mindscape, neighbour_sessions
+from mia.stores.mindscape import Mindscape
+from mia.stores.units import Level, neighbour_sessions
 from mia.stores.settings import mia_home
 from mia.stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, MAX_RADIUS, SignatureHead
 
@@ -148,9 +149,9 @@ def without_signatures(ex: Examples) -> Examples:
 
 def open_collection(name: str, book_map: dict[str, str]) -> Collection:
     store = Mindscape(name)
-    rows, chunks = store.vector_rows("chunks")
+    rows, chunks = store.vector_rows(Level.CHUNK)
     chunk_ids = sorted(rows, key=rows.get)
-    summary_rows, summaries = store.vector_rows("summaries")
+    summary_rows, summaries = store.vector_rows(Level.SESSION)
     summary_ids = sorted(summary_rows, key=summary_rows.get)
     owner = np.asarray([summary_rows.get(s, len(summary_ids)) for s in store.summary_of(chunk_ids)])
     records = store.chunk_records(chunk_ids, documents=False)
@@ -167,7 +168,7 @@ def build_examples(collection: Collection, questions: Sequence[dict[str, Any]], 
     store = collection.store
     questions = [q for q in questions if q.get("gold")]
     texts = [q["question"] for q in questions]
-    key = hashlib.sha256(json.dumps([store.version(), texts, ctx.k0, ctx.k_sum, ctx.candidates, ctx.lambda_q,
+    key = hashlib.sha256(json.dumps([store.commits.version(), texts, ctx.k0, ctx.k_sum, ctx.candidates, ctx.lambda_q,
                                      ctx.lambda_c, ctx.lambda_d, ctx.retriever, ctx.bm25_weight, ctx.rrf_k,
                                      ctx.bm25_stemming, EVIDENCE], default=str).encode()).hexdigest()[:16]
     path = cache / f"examples-{label}-{key}.npz"

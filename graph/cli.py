@@ -37,9 +37,9 @@ class CliError(Exception):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from mia.stores.chat import ModelFileError
     from mia.stores.ingest import InputError
-    from mia.stores.mindscape import MindscapeError
+    from mia.stores.chroma import MindscapeError
 
-    from mia.nodes.qa import QuestionError
+    from mia.nodes.question import QuestionError
 
     errors: list[type[BaseException]] = [CliError, InputError, MindscapeError, ModelFileError, QuestionError]
     return tuple(errors)
@@ -79,8 +79,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from mia.stores.book_card import BookCard
-    from mia.stores.mindscape import Mindscape, chroma_client, list_mindscapes
+    from mia.stores.chroma import chroma_client, list_mindscapes
+    from mia.stores.mindscape import Mindscape
 
     client = chroma_client()
     stats = [Mindscape(name, client).stats() for name in list_mindscapes(client)]
@@ -103,14 +103,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
                        "(--explain quotes them)" if b["instruction_spans"] else "")
             print(f"  {b['order']:>3}  {b['book']}: {b['chunks']} {b['chunker']} chunks, {b['summaries']} summaries, "
                   f"{b['tokens']} tokens{left_out}{flagged}")
-            if b.get("card"):
-                text = BookCard.from_json(json.dumps(b["card"])).text()
-                print("       card: " + text.replace("\n", "\n             "))
+            if b["card_text"]:
+                print("       card: " + b["card_text"].replace("\n", "\n             "))
     return 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from mia.stores.mindscape import delete_mindscape, remove_book
+    from mia.stores.chroma import delete_mindscape
+    from mia.stores.mindscape import remove_book
 
     # Both take the store's writer lock themselves.
     if args.book:
@@ -193,7 +193,7 @@ def _settings_of(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise CliError(f"--set {pair!r} is not KEY=VALUE; e.g. --set alpha=0.3")
+            raise CliError(f"--set {pair!r} is not KEY=VALUE; e.g. --set k_sum=3")
         settings[key.strip()] = value
     return settings
 
@@ -231,7 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     answers at once; then the session summaries are written into the same book (its chunk vectors
     are reused) and ``mia_rag`` answers with its signature. A rerun finds everything in place.
     """
-    from mia.stores.mindscape import chroma_client, list_mindscapes
+    from mia.stores.chroma import chroma_client, list_mindscapes
 
     book = data_root() / DEMO_BOOK
     if not book.exists():
@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collection", required=True)
     p.add_argument("--graph", choices=QUESTION_GRAPHS, default="mia_rag")
     p.add_argument("--option", action="append", help="an answer option (repeat) for multiple choice")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one of the graph's settings, e.g. --set alpha=0.3 (one it does not read is refused)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one of the graph's settings, e.g. --set k_sum=3 (one it does not read is refused)")
     p.add_argument("--explain", action="store_true", help="show the signature, the rankings and the agent's steps")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_ask)

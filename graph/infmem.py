@@ -16,7 +16,7 @@ from langgraph.graph import END, START, StateGraph
 
 from mia.nodes.context import InfMemSettings
 from mia.nodes.memory import after_prethink, after_write, answer, prethink, retrieve, start_stream, write
-from mia.nodes.qa import prepare
+from mia.nodes.question import prepare
 from mia.nodes.state import InputState, MemoryOutputState, MemoryState
 
 RECURSION_LIMIT = 10_000

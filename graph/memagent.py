@@ -15,7 +15,7 @@ from langgraph.graph import END, START, StateGraph
 
 from mia.nodes.context import MemAgentSettings
 from mia.nodes.memory import after_update, answer, start_stream, update_memory
-from mia.nodes.qa import prepare
+from mia.nodes.question import prepare
 from mia.nodes.state import InputState, MemoryOutputState, MemoryState
 
 RECURSION_LIMIT = 10_000

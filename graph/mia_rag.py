@@ -10,7 +10,8 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from mia.nodes.context import MiaRagSettings
-from mia.nodes.qa import after_retrieval, generate_with_signature, init_signature, prepare, retrieve_with_signature
+from mia.nodes.qa import after_retrieval, generate_with_signature, init_signature, retrieve_with_signature
+from mia.nodes.question import prepare
 from mia.nodes.state import InputState, OutputState, QAState
 
 builder = StateGraph(QAState, context_schema=MiaRagSettings, input_schema=InputState, output_schema=OutputState)

@@ -38,7 +38,7 @@ from mia.graph.auth import KEYS, AuthFailure, Caller, check_collection, check_se
 from mia.graph.registry import QUESTION_GRAPHS, load_graph
 from mia.nodes.answer import SOURCES_MARKER
 from mia.nodes.context import GraphSettings, context_from
-from mia.stores.mindscape import chroma_client, list_mindscapes
+from mia.stores.chroma import chroma_client, list_mindscapes
 
 logger = logging.getLogger(__name__)
 

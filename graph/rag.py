@@ -5,7 +5,8 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from mia.nodes.context import RagSettings
-from mia.nodes.qa import after_retrieval, generate, prepare, retrieve
+from mia.nodes.qa import after_retrieval, generate, retrieve
+from mia.nodes.question import prepare
 from mia.nodes.state import InputState, OutputState, QAState
 
 builder = StateGraph(QAState, context_schema=RagSettings, input_schema=InputState, output_schema=OutputState)

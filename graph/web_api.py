@@ -32,7 +32,8 @@ from starlette.staticfiles import StaticFiles
 
 from mia.graph.auth import KEYS, AuthFailure, Caller, check_collection, identify
 from mia.nodes.context import settings_class
-from mia.stores.mindscape import Mindscape, MindscapeError, chroma_client, delete_mindscape, list_mindscapes, validate_name
+from mia.stores.chroma import MindscapeError, chroma_client, delete_mindscape, list_mindscapes, validate_name
+from mia.stores.mindscape import Mindscape
 from mia.stores.paths import upload_root
 from mia.stores.writer_lock import StoreBusy
 
@@ -180,7 +181,7 @@ async def lookup(request: Request, caller: Caller) -> Response:
                                "last_chunk": s.get("last_chunk"), "start": s.get("start"), "end": s.get("end"),
                                "text": s["text"]}
                      for s in store.summary_records(summary_ids)}
-        records = store.committed_books()  # the snapshot the record reads above already took
+        records = store.commits.committed()  # the snapshot the record reads above already took
         # Books ingested before front matter was recognised have no body span: all of the text is body.
         books = {b: {"order": r["order"], "chunks": r["chunks"], "summaries": r["summaries"], "tokens": r["tokens"],
                      "body_start": int(r.get("body_start", 0)),
@@ -207,7 +208,7 @@ async def passage(request: Request, caller: Caller) -> Response:
         if not found:
             raise WebError(404, f"collection {name!r} has no committed chunk {chunk_id!r}")
         chunk = found[0]
-        record = store.committed_books().get(chunk["book"])  # chunk_records' snapshot: no second read
+        record = store.commits.committed().get(chunk["book"])  # chunk_records' snapshot: no second read
         if record is None:
             raise WebError(409, f"book {chunk['book']!r} is being rewritten: try again when its ingestion ends")
         text = store.book_text(chunk["book"])

@@ -23,8 +23,8 @@ from mia.nodes import resources
 from mia.nodes.answer import generate as answer_with
 from mia.nodes.answer import options_for, reader_input, usage_of
 from mia.nodes.context import AgentGraphSettings, AgentSettings, MiaAgentSettings
-from mia.nodes.qa import prepare as prepare_question
-from mia.nodes.qa import initial_signature
+from mia.nodes.question import prepare as prepare_question
+from mia.nodes.signature_init import initial_signature
 from mia.nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
 from mia.nodes.state import AgentState
 from mia.prompts.injection import decode, planted

@@ -13,8 +13,7 @@ from mia.nodes.context import AnswerFormat, CommonSettings, PassageOrder, Retrie
 from mia.nodes.state import merge_usage
 from mia.prompts import injection
 from mia.stores.bm25 import tokenize
-from mia.stores.book_card import BookCard
-from mia.stores.mindscape import Mindscape, card_id
+from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import sentence_spans
 
 FORMAT_RULES: dict[str, str] = {
@@ -24,6 +23,7 @@ FORMAT_RULES: dict[str, str] = {
     "verify": "Answer TRUE if the claim is supported by the material and FALSE otherwise, with that one word only.",
 }
 NO_RELIABLE_ANSWER = "The passages give no reliable answer: the only matching text reads as an instruction, not as content."
+NOTHING_FOUND = "Nothing found: the source was read, and nothing in it was kept as relevant to the question."
 _CITE = re.compile(r"\[(\d{1,3})\]")
 LETTERS = "ABCDEFGHIJ"
 
@@ -63,10 +63,11 @@ def passages_block(chunks: Sequence[dict[str, Any]], guard: bool = True) -> str:
 
 def book_cards(store: Mindscape, chunks: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     """The cards (``stores.book_card``) of the books the chunks come from, in the order they first
-    appear, as ``{"book", "text"}``; a book without a current card has none."""
+    appear, as ``{"book", "id", "text"}`` (the book unit that holds the card, and its one rendering);
+    a book without a current card has none."""
     books = list(dict.fromkeys(c["book"] for c in chunks))
-    found = store.cards(books)
-    return [{"book": b, "text": BookCard.from_json(found[b]).text()} for b in books if b in found]
+    found = store.book_units(books)
+    return [{"book": b, "id": found[b].id, "text": found[b].text} for b in books if b in found]
 
 
 def reader_input(store: Mindscape, ids: Sequence[str], ctx: RetrievalSettings, *,
@@ -74,7 +75,7 @@ def reader_input(store: Mindscape, ids: Sequence[str], ctx: RetrievalSettings, *
     """The chunks ``ids`` as the generator reads them (``reading_order``) and the book cards it is
     given with them (none unless ``book_card``): one place, so every graph and ``--explain`` agree
     on what the generator got. ``texts=False`` fetches the chunks' metadata only."""
-    chunks = reading_order(store.chunk_records(ids, documents=texts), ctx.passage_order, store.ordered_books)
+    chunks = reading_order(store.chunk_records(ids, documents=texts), ctx.passage_order, store.commits.ordered)
     return chunks, (book_cards(store, chunks) if ctx.book_card else [])
 
 
@@ -275,20 +276,30 @@ def citations(answer_text: str, chunks: Sequence[dict[str, Any]], question: str 
 
     Small models often omit markers; the passages given whose sentences best support the answer
     (``supporting_sentence``; retrieval order breaks ties) are then the honest provenance, marked as
-    not cited by the model. ``answer`` is what the answer says (a phrase, an option's text, or ""
-    when only the question can guide, as for TRUE / FALSE); by default the reply without its markers.
+    not cited by the model. They also cite a neighbour of the right passage (a heading, the table of
+    contents): a cited passage with no sentence that holds all of the answer's words gives its place
+    to the best passage given that has one (``moved_from`` names the model's number), and
+    ``holds_answer`` says of each citation whether its sentence holds them. ``answer`` is what the
+    answer says (a phrase, an option's text, or "" when only the question can guide, as for TRUE /
+    FALSE); by default the reply without its markers.
     """
     answer = _CITE.sub("", answer_text) if answer is None else answer
     support = [supporting_sentence(c, answer, question) for c in chunks]
-    cited = []
-    for number in dict.fromkeys(int(n) for n in _CITE.findall(answer_text)):
-        if 1 <= number <= len(chunks):
-            cited.append(number - 1)
+    needed = len(set(tokenize(answer, stem=True)))
+    holds = [needed > 0 and score[0] == needed for score, _ in support]
+    cited = [n - 1 for n in dict.fromkeys(int(n) for n in _CITE.findall(answer_text)) if 1 <= n <= len(chunks)]
     by_model = bool(cited)
-    indices = cited or sorted(range(len(chunks)), key=lambda i: (-support[i][0][0], -support[i][0][1], i))[:UNCITED_SOURCES]
+    best_first = sorted(range(len(chunks)), key=lambda i: (-support[i][0][0], -support[i][0][1], i))
+    moved: dict[int, int] = {}
+    for k, i in enumerate(cited):
+        better = next((j for j in best_first if holds[j] and j not in cited), None) if not holds[i] else None
+        if better is not None:
+            cited[k], moved[better] = better, i
+    indices = cited or best_first[:UNCITED_SOURCES]
     return [
         {"n": i + 1, "id": chunks[i]["id"], "book": chunks[i]["book"], "chunk": chunks[i]["index"],
-         "start": chunks[i]["start"], "end": chunks[i]["end"], "cited_by_model": by_model, "sentences": [support[i][1]]}
+         "start": chunks[i]["start"], "end": chunks[i]["end"], "cited_by_model": by_model, "sentences": [support[i][1]],
+         "holds_answer": holds[i], **({"moved_from": moved[i] + 1} if i in moved else {})}
         for i in indices
     ]
 
@@ -305,7 +316,7 @@ def card_citations(cards: Sequence[dict[str, str]], answer: str) -> list[dict[st
                  if not line.startswith("Most named:")]  # a count of mentions says nothing about the answer
         best = max(lines, key=lambda pair: pair[0], default=(0, ""))  # ties: the earlier line
         if best[0]:
-            cites.append({"n": "card", "id": card_id(card["book"]), "book": card["book"], "card": True,
+            cites.append({"n": "card", "id": card["id"], "book": card["book"], "card": True,
                           "cited_by_model": False, "sentences": [{"text": best[1]}]})
     return cites
 
@@ -329,6 +340,12 @@ def without_sources(reply: str) -> str:
     """A chat reply without its sources: their quotes are document text, which must not reach a
     prompt unguarded as if it were the conversation."""
     return reply.split(SOURCES_MARKER, 1)[0]
+
+
+def without_material(answer: str) -> dict[str, Any]:
+    """The state update of an answer given without asking the model, since it had nothing to read:
+    a model asked about nothing invents a name (a 1.5B did, from an empty memory)."""
+    return {"answer": answer, "citations": [], "messages": [AIMessage(content=answer)], "usage": {}, "guard": {}}
 
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
@@ -362,6 +379,9 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
     said = (answer if fmt == "open" and answer != NO_RELIABLE_ANSWER
             else options[LETTERS.index(answer)] if fmt == "choice" and len(answer) == 1 and answer in LETTERS[:len(options)] else "")
     cites = citations(text, chunks, question, said) + card_citations(cards, said)
+    for cite in cites:  # the reply's markers follow a citation moved to the passage that holds the answer
+        if "moved_from" in cite:
+            text = text.replace(f"[{cite['moved_from']}]", f"[{cite['n']}]")
     return {
         "answer": answer,
         "citations": cites,

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from mia import prompts
 from mia.nodes import resources
-from mia.nodes.answer import generate, options_for, usage_of
+from mia.nodes.answer import NOTHING_FOUND, generate, options_for, usage_of, without_material
 from mia.nodes.context import InfMemSettings, MemAgentSettings, StreamingGraphSettings
 from mia.nodes.state import MemoryState
 from mia.stores.bm25 import BM25Index, Window, source_text
@@ -130,14 +130,19 @@ def _within_budget(hits: list[Window], budget: int) -> list[Window]:
     return kept
 
 
-def _plan(parsed: PreThinkDecision | None, question: str) -> dict[str, Any]:
-    """The step's plan; output that does not parse into the schema becomes SEARCH(question, 5).
+def _plan(parsed: PreThinkDecision | None, question: str, memory: str) -> dict[str, Any]:
+    """The step's plan; output that does not parse into the schema becomes SEARCH(question, 5),
+    and so does a STOP over an empty memory (``stop_refused``).
 
     SEARCH, not STOP: a controller whose output cannot be read must never end the stream early,
-    and searching with the question itself keeps the step as useful as a MemAgent step.
+    and searching with the question itself keeps the step as useful as a MemAgent step. A STOP
+    says the memory suffices, which an empty one never does: the 1.5B reader said STOP at each of
+    its first three steps with nothing in memory, then answered with an invented name.
     """
     if parsed is None:
         return {"decision": "SEARCH", "query": question, "top_k": FALLBACK_TOP_K, "fallback": True}
+    if parsed.decision == "STOP" and not memory.strip():
+        return {"decision": "SEARCH", "query": question, "top_k": FALLBACK_TOP_K, "fallback": False, "stop_refused": True}
     if parsed.decision == "STOP":
         return {"decision": "STOP", "query": "", "top_k": 0, "fallback": False}
     return {"decision": "SEARCH", "query": parsed.query.strip() or question, "top_k": parsed.top_k, "fallback": False}
@@ -169,9 +174,12 @@ def start_stream(state: MemoryState, runtime: Runtime[StreamingGraphSettings]) -
 
 
 def answer(state: MemoryState, runtime: Runtime[StreamingGraphSettings]) -> dict[str, Any]:
-    """Answer from the final memory alone, in the shared answer format (this call streams)."""
+    """Answer from the final memory alone, in the shared answer format (this call streams). An open
+    question over an empty memory is answered that nothing was found, without a call."""
     ctx = runtime.context
     memory = state.get("memory", "")
+    if not memory.strip() and ctx.answer_format == "open":
+        return without_material(NOTHING_FOUND)
     return generate(resources.chat_model(ctx), state["question"], [], ctx.answer_format,
                     options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard)
 
@@ -211,7 +219,7 @@ def prethink(state: MemoryState, runtime: Runtime[InfMemSettings]) -> dict[str, 
         history=_history(state.get("retrieval_history", [])), progress=_progress(state),
     )
     parsed, raw = json_call(resources.chat_model(ctx, PRETHINK_TOKENS), messages, PreThinkDecision)  # tagged "nostream"
-    plan = _plan(parsed, state["question"])
+    plan = _plan(parsed, state["question"], state.get("memory", ""))
     update: dict[str, Any] = {"plan": plan, "windows": [], "usage": usage_of(raw, "prethink"),
                               "prethink_failures": state.get("prethink_failures", 0) + int(plan["fallback"])}
     if plan["decision"] == "SEARCH":

@@ -13,10 +13,11 @@ from collections import OrderedDict
 
 from langchain_core.language_models import BaseChatModel
 
-from mia.nodes.context import CommonSettings, SignatureSettings
+from mia.nodes.context import CommonSettings, SignatureGraphSettings
 from mia.stores.chat import load_chat_model
 from mia.stores.embeddings import Embedder, load_embedder
-from mia.stores.mindscape import Mindscape, MindscapeError
+from mia.stores.chroma import MindscapeError
+from mia.stores.mindscape import Mindscape
 
 
 SHARED_SNAPSHOTS = 64
@@ -63,7 +64,7 @@ def embedder(store: Mindscape) -> Embedder:
     return load_embedder(store.embedder)
 
 
-def selection_embedder(ctx: SignatureSettings) -> Embedder:
+def selection_embedder(ctx: SignatureGraphSettings) -> Embedder:
     """The embedder that scores the signature selection when ``selection_embedder`` names one
     (loaded once per process); it reads texts, so it need not match the collection's."""
     return load_embedder(ctx.selection_embedder)

@@ -27,9 +27,12 @@ import numpy as np
 
 from mia.nodes.context import RetrievalSettings, SigStrategy, SignatureGraphSettings
 from mia.stores.bm25 import ChunkIndex
+from mia.stores.chroma import MindscapeError
 from mia.stores.embeddings import Embedder
-from mia.stores.mindscape import ChunkHit, Mindscape, MindscapeError, is_book_unit
+from mia.stores.mindscape import Mindscape
 from mia.stores.signature_head import EVIDENCE, SignatureHead, load_head
+from mia.stores.units import Level
+from mia.stores.vector_index import ChunkHit
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,7 @@ def trained_signature(
     depth = max(k, candidates)
     fused, session_of, ids, vectors, summary_vecs, evidence = head_inputs(store, query, summary_ids, depth, text=text, fusion=fusion)
     e, attention = head.query(query, summary_vecs, evidence, delta)
-    rows, summaries = store.vector_rows("summaries")
+    rows, summaries = store.vector_rows(Level.SESSION)
     lift = head.session_lift(summary_ids, attention, lambda a, b: float(summaries[rows[a]] @ summaries[rows[b]])
                              if a in rows and b in rows else None)
     own = set(summary_ids)
@@ -278,12 +281,14 @@ def signature_ranking(ctx: SignatureGraphSettings, store: Mindscape, embedder: E
     """E2 under the run's ``sig_strategy``: the top k chunks for the question and its signature
     (mia_rag's E2, mia_agent's Retrieve, the retrieval bench).
 
-    E2 reads the signature's sessions; its book units (``signature_levels``) are left to the reader:
-    a book unit spans every chunk of its book, so it would pull the ranking towards the book as a
-    whole, not towards a part of it, and the head was trained on sessions only. A signature of book
-    units alone conditions nothing, and E2 is then the query-only ranking."""
+    E2 reads the signature's units at the session level (those the session index holds); units
+    above it (``signature_levels``) are left to the reader: a book unit spans every chunk of its book,
+    so it would pull the ranking towards the book as a whole, not towards a part of it, and the head
+    was trained on sessions only. A signature without sessions conditions nothing, and E2 is then
+    the query-only ranking."""
     fusion = Fusion.of(ctx)
-    summary_ids = [i for i in summary_ids if not is_book_unit(i)]
+    sessions, _ = store.vector_rows(Level.SESSION)
+    summary_ids = [i for i in summary_ids if i in sessions]
     if not summary_ids:
         hits = query_only(store, query_vec, k, text=question, fusion=fusion, depth=ctx.candidates, for_signature=False)
         return [scored(h) for h in hits]

@@ -33,16 +33,10 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-
-CoverageMode = Literal["binary", "max"]
-
-DEFAULT_LAMBDAS: tuple[float, float, float] = (0.3, 0.4, 0.3)
-"""(λ_Q, λ_C, λ_D) from Appendix A.2."""
 
 _NORM_TOL = 1e-3
 _TIE_TOL = 1e-12
@@ -133,38 +127,38 @@ def coverage_aware(
     summary_vecs: np.ndarray,
     chunk_vecs: np.ndarray,
     coverage: Sequence[Sequence[int]],
-    k: int = 5,
-    lambdas: tuple[float, float, float] = DEFAULT_LAMBDAS,
-    coverage_mode: CoverageMode = "binary",
+    *,
+    k: int,
+    lambdas: tuple[float, float, float],
 ) -> list[SignaturePick]:
     """Coverage-aware InitSignature: Algorithm 2 of Appendix A, greedy over the pool.
 
     Shapes: ``query_vec`` (d,); ``summary_vecs`` (N, d) aligned with ``summary_ids`` and
     ``coverage``; ``chunk_vecs`` (M, d) in step-0 rank order; ``coverage[j]`` holds indices into
-    ``chunk_vecs`` (they may overlap across summaries). All vectors L2-normalised.
+    ``chunk_vecs`` (they may overlap across summaries). All vectors L2-normalised. ``k`` and
+    ``lambdas`` = (λ_Q, λ_C, λ_D) are the run's (``k_sum``, ``lambda_q``, ``lambda_c``,
+    ``lambda_d``): the settings hold their defaults, in one place.
 
-    ``coverage_mode`` decides what "already covered" means for the coverage gain:
+    The marginal gain of summary s given the selection A is the sum of three parts:
 
-    * ``"binary"`` (default) is Algorithm 2, lines 11 and 20, as printed: once any selected summary
-      lists a chunk in its coverage, that chunk stops counting for everyone, however weakly the
-      selected summary actually matched it.
-    * ``"max"`` is the exact marginal gain of the max-coverage objective f_C (Eq. 8),
-      ``Σ_c w_c·max(0, m(s,c) − best_m(c))``: a later summary that explains a chunk better still
-      earns the difference. This is the variant for which the (1 − 1/e) guarantee (Eq. 11) holds
-      with ``λ_D = 0``; with disjoint coverage the two modes coincide.
+    * relevance ``λ_Q·q_s/Z_Q``, with ``q_s = e_s·e_q`` and Z_Q its maximum over the pool;
+    * coverage ``λ_C·Σ w_c·m(s,c)/Z_C`` over the chunks c of Cov(s) that no summary of A covers
+      (Algorithm 2, lines 11 and 20, as printed: once a selected summary lists a chunk in its
+      coverage, that chunk stops counting for everyone, however weakly the selected summary matched
+      it), with ``m(s,c) = max(0, e_s·e_c)``, ``w_c = 1/(r_c + 1)`` and Z_C the maximum over the
+      pool of ``Σ_{c ∈ Cov(s)} w_c·m(s,c)``;
+    * diversity ``λ_D·(1 − max_{a ∈ A} e_s·e_a)``, and ``λ_D`` while A is empty.
 
     Returns the picks in greedy order: ``min(k, N)`` of them, so a pool smaller than ``k`` is
     returned whole, and an empty pool gives ``[]`` without inspecting the arrays. All-zero lambdas
     are allowed and degenerate to pool order.
 
-    Raises ``ValueError`` for ``k <= 0``, a negative or non-finite lambda, an unknown
-    ``coverage_mode``, duplicate summary ids, mismatched shapes, out-of-range coverage indices, or
-    vectors that are not finite and L2-normalised.
+    Raises ``ValueError`` for ``k <= 0``, a negative or non-finite lambda, duplicate summary ids,
+    mismatched shapes, out-of-range coverage indices, or vectors that are not finite and
+    L2-normalised.
     """
     k = _check_k(k)
     lam_q, lam_c, lam_d = _check_lambdas(lambdas)
-    if coverage_mode not in ("binary", "max"):
-        raise ValueError(f"coverage_mode must be 'binary' or 'max', got {coverage_mode!r}")
     if len(summary_ids) == 0:
         return []
     if len(set(summary_ids)) != len(summary_ids):
@@ -174,15 +168,11 @@ def coverage_aware(
     n, m = pool.match.shape
     relevance_part = lam_q * pool.relevance
     available = np.ones(n, dtype=bool)
-    uncovered = np.ones(m, dtype=bool)  # "binary": covered(c) = 0
-    best_match = np.zeros(m)  # "max": best m(s', c) over the selection, 0 when uncovered
+    uncovered = np.ones(m, dtype=bool)  # covered(c) = 0
     nearest = np.full(n, -np.inf)  # max cosine from each summary to the selection
     picks: list[SignaturePick] = []
     for _ in range(min(k, n)):
-        if coverage_mode == "binary":
-            delta_c = pool.match @ (pool.weights * uncovered)
-        else:
-            delta_c = np.maximum(pool.match - best_match, 0.0) @ pool.weights
+        delta_c = pool.match @ (pool.weights * uncovered)
         delta_d = 1.0 - nearest if picks else np.ones(n)
         coverage_part = lam_c * delta_c
         diversity_part = lam_d * delta_d
@@ -201,42 +191,9 @@ def coverage_aware(
             )
         )
         available[j] = False
-        if coverage_mode == "binary":
-            uncovered &= ~pool.member[j]
-        else:
-            np.maximum(best_match, pool.match[j], out=best_match)
+        uncovered &= ~pool.member[j]
         np.maximum(nearest, pool.gram[:, j], out=nearest)
     return picks
-
-
-def objective(
-    query_vec: np.ndarray,
-    summary_vecs: np.ndarray,
-    chunk_vecs: np.ndarray,
-    coverage: Sequence[Sequence[int]],
-    selected: Iterable[int],
-    lambdas: tuple[float, float, float] = DEFAULT_LAMBDAS,
-) -> float:
-    """The monotone part of the objective, ``λ_Q·f̃_Q(A) + λ_C·f̃_C(A)``, for a set ``A``.
-
-    ``selected`` holds pool indices (repeats count once). f̃_C is the max-coverage form of Eq. 8,
-    normalised by the same pool-wide constants :func:`coverage_aware` uses, so with ``λ_D = 0`` and
-    ``coverage_mode="max"`` the greedy gains sum exactly to this value. λ_D is accepted, so a caller
-    can pass one lambda triple everywhere, and ignored: diversity is defined only as a marginal term
-    (Eq. 9), not as a function of a set. This exists to check greedy against brute force and to
-    compare selectors on one scale.
-    """
-    lam_q, lam_c, _ = _check_lambdas(lambdas)
-    pool = _prepare(query_vec, summary_vecs, chunk_vecs, coverage, n_ids=len(coverage))
-    chosen = np.unique(np.fromiter((operator.index(i) for i in selected), dtype=np.int64))
-    n = pool.match.shape[0]
-    if chosen.size and (chosen[0] < 0 or chosen[-1] >= n):
-        raise ValueError(f"selected indices must lie in [0, {n}), got {chosen.tolist()}")
-    if chosen.size == 0:
-        return 0.0
-    f_q = float(pool.relevance[chosen].sum())
-    f_c = float(pool.match[chosen].max(axis=0) @ pool.weights)
-    return lam_q * f_q + lam_c * f_c
 
 
 @dataclass(frozen=True)

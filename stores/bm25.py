@@ -107,7 +107,7 @@ def source_text(store: Mindscape) -> str:
     InfMem and MemAgent stream and search this one text, so both see the books in the same order
     and character offsets mean the same thing to the streamer and to the index.
     """
-    return "\n\n".join(f"# {book}\n\n{store.book_body(book).strip()}" for book in store.ordered_books())
+    return "\n\n".join(f"# {book}\n\n{store.book_body(book).strip()}" for book in store.commits.ordered())
 
 
 def window_spans(text: str, window: int, overlap: int) -> list[tuple[int, int]]:
@@ -231,7 +231,7 @@ class ChunkIndex:
     def for_collection(cls, store: Mindscape, *, stem: bool = False) -> ChunkIndex:
         """Load the index of the collection's current chunks, or build it beside the window indexes;
         one index per tokenizer (words whole or stemmed)."""
-        version = store.version()
+        version = store.commits.version()
         key = hashlib.sha256(f"{_tokenizer_name(stem)}|chunks\n{version!r}".encode()).hexdigest()[:20]
         path = mia_home() / "bm25" / store.name / f"chunks-{key}"
         if not (path / "chunks.json").exists():
@@ -254,14 +254,14 @@ def _build_chunks(store: Mindscape, path: Path, version: tuple[Any, ...], stem: 
     could then mix two versions. Chunks are ordered by id, as a build from scratch orders them, so
     the index (and every score) is the same however many of its books came from the cache."""
     pairs = sorted(
-        (pair for book, record in store.committed_books().items() for pair in _book_terms(store, book, record, stem)),
+        (pair for book, record in store.commits.committed().items() for pair in _book_terms(store, book, record, stem)),
         key=lambda pair: pair[0],
     )
     retriever = bm25s.BM25()
     if pairs:
         retriever.index([terms for _, terms in pairs], show_progress=False)
     ids = [i for i, _ in pairs]
-    if Mindscape(store.name, store.client).version() != version:
+    if Mindscape(store.name, store.client).commits.version() != version:
         return ids, retriever
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -286,7 +286,7 @@ def _prune(store: Mindscape, current: Path, stem: bool) -> None:
         meta = old / "chunks.json"
         if old != current and meta.exists() and json.loads(meta.read_text()).get("tokenizer") == name:
             shutil.rmtree(old, ignore_errors=True)
-    keep = {f"{book}-{str(r.get('hash', ''))[:24]}.json" for book, r in store.committed_books().items()}
+    keep = {f"{book}-{str(r.get('hash', ''))[:24]}.json" for book, r in store.commits.committed().items()}
     for old in (current.parent / "terms" / name).glob("*.json"):
         if old.name not in keep:
             old.unlink(missing_ok=True)

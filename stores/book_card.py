@@ -25,14 +25,11 @@ from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
-from tqdm import tqdm
 
 from mia import prompts
 from mia.stores.chat import chat_model_name, json_call
 from mia.stores.chunking import is_heading
-from mia.stores.embeddings import Embedder
 from mia.stores.front_matter import find_body
-from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import SummaryCache, cache_key, sentence_spans
 from mia.stores.tokens import count_tokens, truncate
 
@@ -406,7 +403,7 @@ def _model_free(book: str, text: str, share: float) -> BookCard:
 
 def llm_method(model_name: str) -> str:
     """A model card's provenance: the model, its prompt and the checks its names passed, so a card
-    made under older checks is no longer current (``write_cards`` makes it again)."""
+    made under older checks is no longer current (ingestion makes it again)."""
     return f"llm:{model_name}:{prompts.version('book_card')}:{GROUNDING}"
 
 
@@ -480,35 +477,3 @@ CardMode = Literal["llm", "names", "none"]
 DEFAULT_CARDS: CardMode = "names"
 """Without a model: milliseconds a book, so every collection has a card to show; the chat model's
 card costs about a minute a book with the embedded model and is asked for with ``--cards llm``."""
-
-
-def write_cards(store: Mindscape, llm: BaseChatModel | None, cache: SummaryCache | None = None,
-                progress: bool = False, embedder: Embedder | None = None) -> dict[str, int]:
-    """Give every committed book of ``store`` a current card, made with ``llm`` (None: model-free),
-    and, with ``embedder`` (the collection's), its book unit: the card as text, embedded, the level
-    of the mindscape above the sessions that ``signature_levels=sessions+books`` selects from.
-
-    Run after the books are committed, so a card never delays the chunks a first answer reads; a
-    book whose card is current (made for this version of the book, by this method) is skipped, so a
-    rerun costs nothing, and a changed book gets a new card. Returns the summed token usage."""
-    made = {book: BookCard.from_json(card).method for book, card in store.cards().items()}
-    # Any current card serves a model-free request; a model's request wants that model's card (or
-    # its recorded failure, "names-v1 (llm:… unparseable)", which a rerun would only repeat).
-    wanted = None if llm is None else llm_method(chat_model_name(llm))
-    records = store.committed_books()
-    usage = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
-    books = [b for b in store.ordered_books() if b not in made or (wanted is not None and wanted not in made[b])]
-    for book in tqdm(books, desc="book cards", unit="book", disable=not progress or not books):
-        summaries = [r["text"] for r in store.summary_records(store.book_summary_ids(book))]
-        card, used = build_card(book, store.book_text(book), summaries, llm, cache or SummaryCache())
-        store.put_card(book, card.to_json(), str(records[book].get("hash")))
-        usage = {k: usage[k] + used[k] for k in usage}
-    if embedder is not None:
-        cards = store.cards()
-        units = store.book_units(list(cards))
-        # A card made in this call replaces its book's unit; a card made before units existed gets one.
-        stale = [b for b in cards if b not in units or b in books]
-        texts = [BookCard.from_json(cards[book]).text() for book in stale]
-        for book, text, vector in zip(stale, texts, embedder.embed_documents(texts) if texts else []):
-            store.put_book_unit(book, text, vector, str(records[book].get("hash")))
-    return usage

@@ -3,8 +3,11 @@
 Every Project Gutenberg file wraps the book in a licence header and a long licence footer. Ingested
 as book text, they become chunks that compete in every ranking, and the first session summary
 summarises the licence. The markers Gutenberg has used over the years are recognised here and the
-text outside them is left out of chunks and summaries. The stored book text stays the original file,
-so every chunk offset still points into it.
+text outside them is left out of chunks and summaries. So is a table of contents and the title page
+before it: a list of every chapter's title matches questions about any of them, and was retrieved
+and cited in place of the passage that answers ("Afghanistan [1]" citing "CHAPTER I. MR. SHERLOCK
+HOLMES. ..."). The stored book text stays the original file, so every chunk offset still points
+into it.
 """
 
 from __future__ import annotations
@@ -58,4 +61,37 @@ def find_body(text: str) -> Body:
         end = footer.start()
     if not text[start:end].strip():
         return Body(0, len(text), len(text))
-    return Body(start, end, len(text))
+    return Body(contents_end(text, start, end) or start, end, len(text))
+
+
+_PUNCTUATION = re.compile(r"[^\w\s]")
+_CONTENTS = re.compile(r"^[ \t]*(?:table of )?contents\.?[ \t]*$", re.IGNORECASE | re.MULTILINE)
+CONTENTS_WITHIN = 20_000
+"""How far into the book a table of contents may start (characters)."""
+MAX_ENTRIES = 200
+
+
+def contents_end(text: str, start: int, end: int) -> int | None:
+    """Where the text after a table of contents starts, or None when ``text[start:end]`` opens with
+    none. A table is a line that says "Contents" within the first ``CONTENTS_WITHIN`` characters,
+    then at least three lines (its entries, and any list that follows, such as illustrations); it
+    ends at the first line that repeats the start of an entry (the first chapter's own heading,
+    "CHAPTER I." after "CHAPTER I. I GO TO STYLES"). Wrapped prose before that repeat (a line
+    running on into one that starts in lower case) means the heading named something else, and
+    nothing is cut; so does a table whose end is not found."""
+    heading = _CONTENTS.search(text, start, min(end, start + CONTENTS_WITHIN))
+    if heading is None:
+        return None
+    entries: list[str] = []
+    at, previous = heading.end(), ""
+    for line in text[heading.end():end].splitlines(keepends=True):
+        stripped = line.strip()
+        if previous and stripped[:1].islower() or len(entries) > MAX_ENTRIES:
+            return None
+        key = " ".join(_PUNCTUATION.sub(" ", line).split()).upper()
+        if key:
+            if len(entries) >= 3 and any(e == key or e.startswith(key + " ") for e in entries):
+                return at
+            entries.append(key)
+        at, previous = at + len(line), stripped
+    return None

@@ -13,7 +13,7 @@ import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Iterable, Sequence
 
-from mia.stores.mindscape import MindscapeError, validate_name
+from mia.stores.chroma import MindscapeError, validate_name
 from mia.stores.settings import data_root, mia_home
 
 ROOT_ENV = "MIA_INGEST_ROOT"

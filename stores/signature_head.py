@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mia.stores.mindscape import neighbour_sessions
+from mia.stores.units import neighbour_sessions
 
 DEFAULT_WEIGHTS = Path(__file__).with_name("weights") / "signature-head.npz"
 """The shipped head (trained by ``mia train retriever`` on FairytaleQA train stories; its card beside it)."""

@@ -74,7 +74,7 @@ def read_everything(store: Path, collection: str, queries: list[str]) -> dict[st
     chroma = client(store)
     view = Mindscape(collection, chroma)
     embedder = load_embedder("minilm")
-    records = view.book_records()
+    records = view.commits.records()
     texts = {book: view.book_text(book) for book in records}
     returned: set[str] = set()
     for query in queries:

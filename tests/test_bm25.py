@@ -109,7 +109,7 @@ def test_query_without_known_terms_finds_nothing(tmp_path: Path) -> None:
 def test_collection_index_is_rebuilt_only_when_the_source_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MIA_HOME", str(tmp_path / "home"))
     store = Mindscape("shelf", chromadb.PersistentClient(str(tmp_path / "chroma")), create=True)
-    store.commit_book("first", ENGLISH, {"order": 0})
+    store.commits.commit("first", ENGLISH, {"order": 0})
 
     built = BM25Index.for_collection(store, 40, 10)
     assert built.built and built.path.parent == tmp_path / "home" / "bm25" / "shelf"
@@ -118,7 +118,7 @@ def test_collection_index_is_rebuilt_only_when_the_source_changes(tmp_path: Path
     assert not again.built and again.path == built.path
     assert (built.path / "windows.json").stat().st_mtime_ns == stamp
 
-    store.commit_book("second", CHINESE, {"order": 1})
+    store.commits.commit("second", CHINESE, {"order": 1})
     changed = BM25Index.for_collection(store, 40, 10)
     assert changed.built and changed.path != built.path
     assert source_text(store) == f"# first\n\n{ENGLISH}\n\n# second\n\n{CHINESE}"

@@ -213,6 +213,7 @@ def test_ingestion_writes_cards_last_reuses_them_and_rewrites_them_when_the_book
     rerun builds none; a changed book gets a new one; `mia ls` shows it."""
     from mia.stores import book_card
     from mia.stores.mindscape import Mindscape
+    from mia.stores.units import book_unit_id
 
     built: list[str] = []
     real = book_card.build_card
@@ -228,21 +229,20 @@ def test_ingestion_writes_cards_last_reuses_them_and_rewrites_them_when_the_book
     source.write_text(BOOK, encoding="utf-8")
     assert cli("ingest", str(source), "--collection", "cards-test", "--cards", "names", "--quiet").code == 0
     store = Mindscape("cards-test")
-    card = BookCard.from_json(store.cards()["tiny-tale"])
+    card = BookCard.from_json(store.book_units()["tiny-tale"].card)
     assert built == ["tiny-tale"] and card.title == "Tiny Tale" and card.method == NAMES
-    assert store.book_units(["tiny-tale"]) == {"tiny-tale": "tiny-tale#book"}  # the level above the sessions
+    assert store.book_units(["tiny-tale"])["tiny-tale"].id == book_unit_id("tiny-tale")  # the level above the sessions
     assert cli("ingest", str(source), "--collection", "cards-test", "--cards", "names", "--quiet").code == 0
     assert built == ["tiny-tale"]  # current: not built again
     source.write_text(BOOK.replace("Tiny Tale", "Small Tale"), encoding="utf-8")
     assert cli("ingest", str(source), "--collection", "cards-test", "--cards", "none", "--quiet").code == 0
-    assert Mindscape("cards-test").cards() == {}  # the card of the old version is not served
-    assert Mindscape("cards-test").book_units(["tiny-tale"]) == {}  # nor its book unit
+    assert Mindscape("cards-test").book_units() == {}  # the card (unit) of the old version is not served
     listing = cli("ls")
     assert "card:" not in listing.out
     assert cli("ingest", str(source), "--collection", "cards-test", "--cards", "names", "--quiet").code == 0
     assert built == ["tiny-tale", "tiny-tale"]
-    assert BookCard.from_json(Mindscape("cards-test").cards()["tiny-tale"]).title == "Small Tale"
-    unit = Mindscape("cards-test").summary_records(["tiny-tale#book"])
+    assert BookCard.from_json(Mindscape("cards-test").book_units()["tiny-tale"].card).title == "Small Tale"
+    unit = Mindscape("cards-test").summary_records([book_unit_id("tiny-tale")])
     assert unit and unit[0]["text"].startswith("Title: Small Tale")
     explained = cli("ask", "Who keeps the inn?", "--collection", "cards-test", "--explain", "--set", "book_card=true",
                     "--set", "retrieval_only=true")

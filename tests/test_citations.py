@@ -47,6 +47,21 @@ def test_citations_carry_their_supporting_sentence() -> None:
     assert verified[0]["sentences"][0]["text"] == "He had carted pears to market."
 
 
+def test_a_citation_moves_to_the_passage_that_holds_the_answer() -> None:
+    """The model cites [1] (the farmer's chunk) for "a seed", which only [2] says: the citation
+    moves there and says so; a citation that holds the answer stays; with no passage holding it,
+    the model's citation stays, marked as not holding it."""
+    moved = citations("A seed [1].", CHUNKS, "What did the bonze plant?", "a seed")
+    assert [c["n"] for c in moved] == [2] and moved[0]["moved_from"] == 1 and moved[0]["holds_answer"]
+    assert moved[0]["sentences"][0]["text"] == "The farmer refused; the bonze planted a seed."
+    kept = citations("Carted pears [1][2].", CHUNKS, "What had the farmer carted?", "carted pears")
+    assert [(c["n"], c["holds_answer"], "moved_from" in c) for c in kept] == [(1, True, False), (2, False, False)]
+    nowhere = citations("Apples [2].", CHUNKS, "What had the farmer carted?", "apples")
+    assert [(c["n"], c["holds_answer"], "moved_from" in c) for c in nowhere] == [(2, False, False)]
+    # Every word in one sentence: "farmer" and "seed" are together only in [2]'s last sentence.
+    assert [c["n"] for c in citations("the farmer, a seed [1]", CHUNKS, "", "the farmer, a seed")] == [2]
+
+
 def test_the_reply_quotes_each_source() -> None:
     cited = citations("Pears [1].", CHUNKS, "What had the farmer carted?", "Pears")
     assert reply_text("Pears", cited) == "Pears\n\nSources: [1] farmer, chunk 0 (chars 0–67) “He had carted pears to market.”"
@@ -85,7 +100,7 @@ def test_quoted_sources_stay_out_of_the_follow_up_prompt(script) -> None:
     from langchain_core.messages import AIMessage, HumanMessage
 
     from mia.nodes.context import RagSettings
-    from mia.nodes.qa import standalone_question
+    from mia.nodes.question import standalone_question
 
     scripted = script("What did the farmer cart to market?")
     quoted = reply_text("Pears", citations("Pears [1].", CHUNKS, "What had the farmer carted?", "Pears"))
@@ -183,12 +198,13 @@ def test_document_order_follows_the_books_order_then_the_offsets() -> None:
 
 def test_a_card_is_cited_by_its_line_that_holds_the_answer() -> None:
     from mia.nodes.answer import card_citations
+    from mia.stores.units import book_unit_id
 
-    card = {"book": "a-study-in-scarlet", "text": "Title: A Study in Scarlet\nNarrator: John H. Watson (first person)\n"
-                                                 "Main characters: Sherlock Holmes (consulting detective)\n"
-                                                 "Most named: Holmes (312), Watson (120)"}
+    card = {"book": "a-study-in-scarlet", "id": book_unit_id("a-study-in-scarlet"),
+            "text": "Title: A Study in Scarlet\nNarrator: John H. Watson (first person)\n"
+                    "Main characters: Sherlock Holmes (consulting detective)\nMost named: Holmes (312), Watson (120)"}
     cites = card_citations([card], "Dr. Watson")
-    assert cites == [{"n": "card", "id": "a-study-in-scarlet#card", "book": "a-study-in-scarlet", "card": True,
+    assert cites == [{"n": "card", "id": card["id"], "book": "a-study-in-scarlet", "card": True,
                       "cited_by_model": False, "sentences": [{"text": "Narrator: John H. Watson (first person)"}]}]
     assert card_citations([card], "Lestrade") == [] and card_citations([card], "") == []
     assert card_citations([{**card, "text": "Most named: Lestrade (47)"}], "Lestrade") == []  # counts say nothing

@@ -16,8 +16,10 @@ import pytest
 from mia.stores import bm25 as bm25_module
 from mia.stores.bm25 import ChunkIndex, tokenize
 from mia.stores.ingest import IngestOptions, book_id, ingest
-from mia.stores.mindscape import Mindscape, MindscapeError, remove_book
+from mia.stores.chroma import MindscapeError
+from mia.stores.mindscape import Mindscape, remove_book
 from mia.stores.settings import mia_home
+from mia.stores.units import Level, level_of
 from tests.conftest import requires_data, write_stories
 
 QUERIES = ("the golden goose and the princess who never laughed", "the fox tricked the wolf", "Molo stole the rose")
@@ -26,7 +28,7 @@ QUERIES = ("the golden goose and the princess who never laughed", "the fox trick
 def _rebuilt_scores(store: Mindscape, stem: bool) -> tuple[list[str], np.ndarray]:
     """BM25 over every committed chunk, read and tokenized now: what the index must equal."""
     got = store.chunks.get(include=["documents", "metadatas"])
-    committed = store.committed_books()
+    committed = store.commits.committed()
     pairs = sorted((i, d) for i, d, m in zip(got["ids"], got["documents"], got["metadatas"]) if m["book"] in committed)
     index = bm25s.BM25()
     index.index([tokenize(d, stem=stem) for _, d in pairs], show_progress=False)
@@ -46,12 +48,12 @@ def _assert_index_equals_rebuild(store: Mindscape, stem: bool) -> None:
 
 def _assert_vectors_equal_a_full_read(store: Mindscape) -> None:
     """The in-memory summary and chunk vectors equal the committed rows read now."""
-    for collection in ("summaries", "chunks"):
+    for collection, level in (("summaries", Level.SESSION), ("chunks", Level.CHUNK)):
         got = getattr(store, collection).get(include=["embeddings", "metadatas"])
-        committed = store.committed_books()
+        committed = store.commits.committed()
         wanted = {i: np.asarray(e, dtype=np.float32) for i, e, m in zip(got["ids"], got["embeddings"], got["metadatas"])
-                  if m["book"] in committed}
-        rows, matrix = store.vector_rows(collection)
+                  if m["book"] in committed and level_of(m, collection) == level}
+        rows, matrix = store.vector_rows(level)
         assert set(rows) == set(wanted)
         for i, vector in wanted.items():
             np.testing.assert_array_equal(matrix[rows[i]], vector)
@@ -81,14 +83,14 @@ def test_index_after_an_add_and_a_remove_equals_a_rebuild(growing, minilm, monke
     store = Mindscape(name)
     new_book = book_id(paths[2])
     ChunkIndex.for_collection(store, stem=stem)
-    assert len(tokenized) == int(store.committed_books()[new_book]["chunks"])
+    assert len(tokenized) == int(store.commits.committed()[new_book]["chunks"])
     monkeypatch.setattr(bm25_module, "tokenize", real)
     _assert_index_equals_rebuild(store, stem)
     _assert_vectors_equal_a_full_read(store)
 
     remove_book(name, book_id(paths[0]))
     store = Mindscape(name)
-    assert sorted(store.committed_books()) == sorted([book_id(paths[1]), new_book])
+    assert sorted(store.commits.committed()) == sorted([book_id(paths[1]), new_book])
     _assert_index_equals_rebuild(store, stem)
     _assert_vectors_equal_a_full_read(store)
     assert all(not i.startswith(f"{book_id(paths[0])}:") for i in ChunkIndex.for_collection(store, stem=stem).ids)
@@ -101,16 +103,16 @@ def test_index_after_an_add_and_a_remove_equals_a_rebuild(growing, minilm, monke
 
 
 @requires_data
-@pytest.mark.parametrize("collection", ["summaries", "chunks"])
-def test_vector_update_fetches_only_the_changed_book(growing, minilm, monkeypatch, collection: str) -> None:
+@pytest.mark.parametrize(("collection", "level"), [("summaries", Level.SESSION), ("chunks", Level.CHUNK)])
+def test_vector_update_fetches_only_the_changed_book(growing, minilm, monkeypatch, collection: str, level: Level) -> None:
     name, paths = growing
-    Mindscape(name).vector_rows(collection)
+    Mindscape(name).vector_rows(level)
     ingest(paths, name, minilm, options=IngestOptions(chunk_size=100, window=4), progress=False)
     store = Mindscape(name)
     asked: list[object] = []
     real_get = getattr(store, collection).get
     monkeypatch.setattr(getattr(store, collection), "get", lambda **kw: asked.append(kw.get("where")) or real_get(**kw))
-    store.vector_rows(collection)
+    store.vector_rows(level)
     assert asked == [{"book": book_id(paths[2])}]
 
 
@@ -119,32 +121,32 @@ def test_vectors_read_while_a_writer_works_are_not_kept(growing, monkeypatch) ->
     """A book's rows read between another process's reading of the commit rows and its own read of
     the vectors may be half written; such a block serves the call but is not kept, or the book would
     stay half searchable while its commit row, once rewritten the same, matches the cached one."""
-    from mia.stores import mindscape
+    from mia.stores import vector_index
 
     name, paths = growing
-    monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
+    monkeypatch.setattr(vector_index, "_HELD", type(vector_index._HELD)())
     store = Mindscape(name)
-    store.version()  # this instance's snapshot of the commit rows, then a writer works
+    store.commits.version()  # this instance's snapshot of the commit rows, then a writer works
     book = book_id(paths[0])
     kept = store.chunks.get(where={"book": book}, include=["embeddings", "documents", "metadatas"], limit=1)
     store.chunks.delete(ids=kept["ids"])
-    assert kept["ids"][0] not in store.vector_rows("chunks")[0]
+    assert kept["ids"][0] not in store.vector_rows(Level.CHUNK)[0]
     store.chunks.upsert(ids=kept["ids"], embeddings=kept["embeddings"], documents=kept["documents"], metadatas=kept["metadatas"])
-    assert kept["ids"][0] in Mindscape(name).vector_rows("chunks")[0]
+    assert kept["ids"][0] in Mindscape(name).vector_rows(Level.CHUNK)[0]
 
 
 @requires_data
 def test_vectors_in_memory_are_bounded(growing, monkeypatch) -> None:
     """Least recently used collections leave memory first (deleted ones, never used again, too)."""
-    from mia.stores import mindscape
+    from mia.stores import vector_index
 
     name, _ = growing
-    monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
-    monkeypatch.setattr(mindscape, "VECTOR_COLLECTIONS", 1)
+    monkeypatch.setattr(vector_index, "_HELD", type(vector_index._HELD)())
+    monkeypatch.setattr(vector_index, "HELD", 1)
     store = Mindscape(name)
-    store.vector_rows("chunks")
-    store.vector_rows("summaries")
-    assert list(mindscape._VECTOR_ROWS) == [str(store.summaries.id)]
+    store.vector_rows(Level.CHUNK)
+    store.vector_rows(Level.SESSION)
+    assert list(vector_index._HELD) == [(str(store.summaries.id), Level.SESSION)]
     _assert_vectors_equal_a_full_read(store)
 
 
@@ -156,7 +158,7 @@ def test_removing_a_book_hides_it_and_an_unknown_book_is_refused(growing, cli) -
     assert result.code != 0 and "no book 'no-such-book'" in result.err and "mia ls" in result.err
     assert cli("rm", name, "--book", gone).code == 0
     store = Mindscape(name)
-    assert gone not in store.book_records(pending=True)
+    assert gone not in store.commits.records(pending=True)
     assert store.chunks.get(where={"book": gone})["ids"] == []
     assert store.summaries.get(where={"book": gone})["ids"] == []
     with pytest.raises(MindscapeError, match="no book"):
@@ -175,7 +177,7 @@ def test_book_texts_live_outside_the_commit_rows_and_old_collections_are_moved(g
     assert store.books.get(ids=[book], include=["documents"])["documents"] == [""]
     assert store.book_text(book) == text
     # The old layout: the text in the commit row, no row in __texts.
-    record = store.book_records()[book]
+    record = store.commits.records()[book]
     store.books.upsert(ids=[book], embeddings=[[1.0]], documents=[text], metadatas=[record])
     store.texts.delete(ids=[book])
     assert Mindscape(name).book_text(book) == text
@@ -184,14 +186,14 @@ def test_book_texts_live_outside_the_commit_rows_and_old_collections_are_moved(g
     store = Mindscape(name)
     assert store.books.get(ids=[book], include=["documents"])["documents"] == [""]
     assert store.texts.get(ids=[book], include=["documents"])["documents"] == [text]
-    assert store.book_text(book) == text and store.book_records()[book] == record
+    assert store.book_text(book) == text and store.commits.records()[book] == record
 
 
 @requires_data
 def test_summary_vectors_skip_a_book_ingested_without_summaries(growing, minilm, tmp_path: Path) -> None:
     name, paths = growing
-    Mindscape(name).vector_rows("summaries")
+    Mindscape(name).vector_rows(Level.SESSION)
     ingest(paths[2:], name, minilm, options=IngestOptions(chunk_size=100, window=4, summarizer="none"), progress=False)
     store = Mindscape(name)
     _assert_vectors_equal_a_full_read(store)
-    assert not any(i.startswith(f"{book_id(paths[2])}:") for i in store.vector_rows("summaries")[0])
+    assert not any(i.startswith(f"{book_id(paths[2])}:") for i in store.vector_rows(Level.SESSION)[0])

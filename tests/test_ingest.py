@@ -30,7 +30,10 @@ from mia.stores import chat as chat_module
 from mia.stores.bm25 import ChunkIndex
 from mia.stores.embeddings import Embedder
 from mia.stores.ingest import IngestOptions, InputError, book_id, ingest, ingest_sources
-from mia.stores.mindscape import Mindscape, MindscapeError, book_unit_id, chroma_client, is_book_unit
+from mia.stores.chroma import MindscapeError, chroma_client
+from mia.stores.commits import Commits
+from mia.stores.mindscape import Mindscape
+from mia.stores.units import Level, book_unit_id, level_of
 from mia.stores.summaries import SummaryCache
 from mia.stores.tokens import count_tokens
 from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
@@ -123,12 +126,12 @@ def snapshot(store: Mindscape) -> dict[str, Any]:
         got = collection.get(include=["documents", "metadatas"])
         return {i: (d, {k: v for k, v in m.items() if k != "collection"}) for i, d, m in zip(got["ids"], got["documents"], got["metadatas"])}
 
-    return {"chunks": rows(store.chunks), "summaries": rows(store.summaries), "books": store.book_records()}
+    return {"chunks": rows(store.chunks), "summaries": rows(store.summaries), "books": store.commits.records()}
 
 
 def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> None:
     """Every book fully present: exact chunks, one summary per window, both maps consistent."""
-    records = store.book_records()
+    records = store.commits.records()
     assert sorted(records) == sorted(texts)
     total_chunks = total_summaries = total_units = 0
     for book, text in texts.items():
@@ -140,14 +143,16 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
         for c in chunks:
             assert text[c["start"] : c["end"]] == c["text"]
         rows = store.summaries.get(where={"book": book}, include=["metadatas"])
-        units = [i for i in rows["ids"] if is_book_unit(i)]
+        levels = [level_of(m, "summaries") for m in rows["metadatas"]]
+        units = [i for i, level in zip(rows["ids"], levels) if level == Level.BOOK]
         assert units in ([], [book_unit_id(book)])  # the level above the sessions: one unit a book at most
-        summaries = {k: [v for i, v in zip(rows["ids"], rows[k]) if not is_book_unit(i)] for k in ("ids", "metadatas")}
+        summaries = {k: [v for v, level in zip(rows[k], levels) if level == Level.SESSION] for k in ("ids", "metadatas")}
+        assert len(summaries["ids"]) + len(units) == len(rows["ids"])  # every unit is at one of the two levels
         assert len(summaries["ids"]) == math.ceil(n / window)
         for sid, meta in zip(summaries["ids"], summaries["metadatas"]):
             first, last = meta["first_chunk"], meta["last_chunk"]
             assert sid == f"{book}:s{meta['window']:05d}" and first == meta["window"] * window
-            assert store.chunks_of_summary(sid) == ids[first : last + 1]
+            assert [c for c, _ in store.session_members([sid])] == ids[first : last + 1]
             assert (meta["start"], meta["end"]) == (chunks[first]["start"], chunks[last]["end"])
         for c in chunks:
             assert c["summary_id"] == f"{book}:s{c['index'] // window:05d}"
@@ -182,9 +187,9 @@ def test_stored_chunks_are_exact_source_slices(tiny_collection) -> None:
 
 def test_books_keep_their_order_and_the_embedder_is_recorded(tiny_collection) -> None:
     store = tiny_collection.store
-    assert store.ordered_books() == list(tiny_collection.texts)
+    assert store.commits.ordered() == list(tiny_collection.texts)
     assert store.embedder == "all-MiniLM-L6-v2"
-    chunk_meta = store.chunk_records(store.book_chunk_ids(store.ordered_books()[1]), documents=False)
+    chunk_meta = store.chunk_records(store.book_chunk_ids(store.commits.ordered()[1]), documents=False)
     assert {c["book_order"] for c in chunk_meta} == {1}
 
 
@@ -270,7 +275,7 @@ def test_reingestion_through_the_cli_reports_nothing_written(tmp_path, books, cl
 def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, minilm) -> None:
     ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
     store = Mindscape("shelf", client)
-    old_counts = {b: r["chunks"] for b, r in store.book_records().items()}
+    old_counts = {b: r["chunks"] for b, r in store.commits.records().items()}
     changed, unchanged = books
     text = changed.read_text(encoding="utf-8")
     new_text = text[: len(text) // 2] + "\n\nAnd then, quite unexpectedly, the story ended here.\n"
@@ -283,10 +288,10 @@ def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, min
     assert report.summaries_from_cache >= 1 and 1 <= scripted.calls < report.summaries
     store = Mindscape("shelf", client)
     assert_complete(store, texts_of(books), OPTIONS.window)
-    new_count = store.book_records()[book_id(changed)]["chunks"]
+    new_count = store.commits.records()[book_id(changed)]["chunks"]
     assert new_count < old_counts[book_id(changed)]
     assert store.chunk_records([f"{book_id(changed)}:c{new_count:06d}"]) == []
-    assert store.book_records()[book_id(changed)]["order"] == 0
+    assert store.commits.records()[book_id(changed)]["order"] == 0
 
 
 def test_a_rewrite_reuses_the_vectors_of_unchanged_chunks(client, books, cache, minilm, monkeypatch) -> None:
@@ -393,7 +398,7 @@ def test_switching_the_chunker_rewrites_the_book_and_leaves_nothing_stale(client
     assert report.books_written == [book_id(p) for p in books]
     store = Mindscape("shelf", client)
     assert_complete(store, texts_of(books), structured.window)
-    assert {r["chunker"] for r in store.book_records().values()} == {"structure"}
+    assert {r["chunker"] for r in store.commits.records().values()} == {"structure"}
     assert set(store.chunks.get()["ids"]) != before  # different cuts, and only the new ones remain
 
 
@@ -401,7 +406,7 @@ def test_windows_counted_in_tokens_cover_at_most_their_budget(client, books, cac
     options = IngestOptions(chunk_size=80, window=3, summarizer="extractive", window_unit="tokens")
     ingest(books, "shelf", minilm, options=options, client=client, cache=cache, progress=False)
     store = Mindscape("shelf", client)
-    for book in store.ordered_books():
+    for book in store.commits.ordered():
         ids = store.book_chunk_ids(book)
         chunks = store.chunk_records(ids, documents=False)
         windows = store.summary_records(sorted({c["summary_id"] for c in chunks}))
@@ -421,7 +426,9 @@ def test_books_ingested_before_the_newer_options_keep_their_hash(books) -> None:
     rewrite every collection: the default options hash a plain text exactly as before they existed."""
     import hashlib
 
-    from mia.stores.ingest import Source, _book_hash, book_span
+    from mia.stores.ingest import Source
+    from mia.stores.ingest.chunks import book_span
+    from mia.stores.ingest.pipeline import _book_hash
 
     text = books[0].read_text(encoding="utf-8")
     source = Source(books[0], book_id(books[0]), text)
@@ -476,7 +483,7 @@ def test_another_embedder_is_refused(client, books, cache, minilm) -> None:
     other = Embedder(name="some-other-model", model=minilm.model)
     with pytest.raises(MindscapeError, match="built with embedder 'all-MiniLM-L6-v2', not 'some-other-model'"):
         ingest(books, "shelf", other, options=extractive, client=client, cache=cache, progress=False)
-    assert sorted(Mindscape("shelf", client).book_records()) == [book_id(books[0])]
+    assert sorted(Mindscape("shelf", client).commits.records()) == [book_id(books[0])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,13 +508,13 @@ def test_resume_after_a_crash_in_the_middle_of_writing_chunks(client, books, cac
     with pytest.raises(SimulatedCrash):
         ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
     half_written = Mindscape("shelf", client)
-    assert half_written.book_records() == {} and 0 < half_written.chunks.count()
+    assert half_written.commits.records() == {} and 0 < half_written.chunks.count()
     # Readers see none of it: no search hit, no BM25 row, no count, and the book's place is kept.
     stats = half_written.stats()
     assert stats["chunks"] == 0 and stats["unfinished"] == {"books": [book_id(books[0])], "chunks": half_written.chunks.count()}
     assert half_written.search_chunks(np.asarray(minilm.embed_query("the golden goose")), 50) == []
     assert ChunkIndex.for_collection(half_written).search("golden goose", 50) == []
-    assert half_written.book_records(pending=True)[book_id(books[0])]["order"] == 0
+    assert half_written.commits.records(pending=True)[book_id(books[0])]["order"] == 0
     monkeypatch.setattr(Mindscape, "upsert", original)
 
     # The first book's summaries were cached before the crash: resuming summarises only the second.
@@ -520,19 +527,19 @@ def test_resume_after_a_crash_in_the_middle_of_writing_chunks(client, books, cac
 
 
 def test_resume_after_a_crash_before_the_second_books_commit(client, books, cache, minilm, clean, monkeypatch) -> None:
-    original = Mindscape.commit_book
+    original = Commits.commit
     second = book_id(books[1])
 
-    def crash_on_second(self: Mindscape, book: str, text: str, metadata: dict[str, Any]) -> None:
+    def crash_on_second(self: Commits, book: str, text: str, metadata: dict[str, Any]) -> None:
         if book == second:
             raise SimulatedCrash("killed before the commit marker")
         original(self, book, text, metadata)
 
-    monkeypatch.setattr(Mindscape, "commit_book", crash_on_second)
+    monkeypatch.setattr(Commits, "commit", crash_on_second)
     with pytest.raises(SimulatedCrash):
         ingest(books, "shelf", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
-    assert sorted(Mindscape("shelf", client).book_records()) == [book_id(books[0])]
-    monkeypatch.setattr(Mindscape, "commit_book", original)
+    assert sorted(Mindscape("shelf", client).commits.records()) == [book_id(books[0])]
+    monkeypatch.setattr(Commits, "commit", original)
 
     report = ingest(books, "shelf", minilm, options=OPTIONS, llm=ForbiddenChat(), client=client, cache=cache, progress=False)
     assert report.books_unchanged == [book_id(books[0])] and report.books_written == [second]

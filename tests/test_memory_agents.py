@@ -23,9 +23,11 @@ from mia import prompts
 from mia.nodes import resources
 from mia.graph.registry import settings_read
 from mia.nodes.context import GraphSettings, context_from
+from mia.nodes.answer import NOTHING_FOUND
 from mia.nodes.memory import bound, count_segments, next_span
 from mia.stores.bm25 import source_text
-from mia.stores.mindscape import Mindscape, chroma_client
+from mia.stores.chroma import chroma_client
+from mia.stores.mindscape import Mindscape
 from mia.stores.tokens import count_tokens
 from tests.conftest import requires_data, write_stories
 
@@ -57,6 +59,7 @@ class ScriptedChat(GenericFakeChatModel):
     decisions: list[str] = Field(default_factory=list)
     calls: list[dict[str, Any]] = Field(default_factory=list)
     max_tokens: int | None = None  # what the node asked resources.chat_model for
+    memory: str = OVERLONG  # what the memory writers write
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
                   **kwargs: Any) -> ChatResult:
@@ -68,7 +71,7 @@ class ScriptedChat(GenericFakeChatModel):
         if kind == "prethink":
             text = self.decisions.pop(0) if self.decisions else '{"decision": "SEARCH", "query": "golden key", "top_k": 3}'
         else:
-            text = OVERLONG if kind in ("write", "memagent") else "the ogre Grimbold [1]"
+            text = self.memory if kind in ("write", "memagent") else "the ogre Grimbold [1]"
         prompt_tokens, reply_tokens = sum(count_tokens(m.text) for m in messages), count_tokens(text)
         usage = {"input_tokens": prompt_tokens, "output_tokens": reply_tokens, "total_tokens": prompt_tokens + reply_tokens}
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text, usage_metadata=usage))])
@@ -83,8 +86,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mindscape:
     monkeypatch.setenv("MIA_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MIA_CHROMA_PATH", str(tmp_path / "chroma"))
     mindscape = Mindscape("village", chroma_client(), create=True)
-    mindscape.commit_book("first", " ".join([NEEDLE, *FILLER[:20]]), {"order": 0})
-    mindscape.commit_book("second", " ".join([*FILLER[20:24], INJECTION, *FILLER[24:]]), {"order": 1})
+    mindscape.commits.commit("first", " ".join([NEEDLE, *FILLER[:20]]), {"order": 0})
+    mindscape.commits.commit("second", " ".join([*FILLER[20:24], INJECTION, *FILLER[24:]]), {"order": 1})
     return mindscape
 
 
@@ -158,15 +161,38 @@ SEARCH = '{"decision": "SEARCH", "query": "golden key ogre", "top_k": 4}'
 
 
 def test_infmem_three_stop_needs_three_consecutive_stops(store: Mindscape, fake: ScriptedChat) -> None:
-    fake.decisions.extend([STOP, STOP, SEARCH, STOP, STOP, STOP])
+    fake.decisions.extend([SEARCH, STOP, STOP, SEARCH, STOP, STOP, STOP])
     state = run("infmem", stop_after=3)
     assert state["segments"] >= 8
-    assert decisions(state) == ["STOP", "STOP", "SEARCH", "STOP", "STOP", "STOP"]
-    assert [e["step"] for e in state["trajectory"]] == [1, 2, 3, 4, 5, 6]
-    assert len(fake.of_kind("prethink")) == 6 and len(fake.of_kind("write")) == 1
+    assert decisions(state) == ["SEARCH", "STOP", "STOP", "SEARCH", "STOP", "STOP", "STOP"]
+    assert [e["step"] for e in state["trajectory"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert len(fake.of_kind("prethink")) == 7 and len(fake.of_kind("write")) == 2
     assert state["answer"] == "the ogre Grimbold"
-    assert state["usage"]["by_node"]["prethink"]["llm_calls"] == 6
-    assert state["usage"]["llm_calls"] == 6 + 1 + 1
+    assert state["usage"]["by_node"]["prethink"]["llm_calls"] == 7
+    assert state["usage"]["llm_calls"] == 7 + 2 + 1
+
+
+def test_infmem_never_stops_on_an_empty_memory(store: Mindscape, fake: ScriptedChat) -> None:
+    """A STOP says the memory suffices: over an empty memory it is refused and the step searches
+    with the question, so the run reads before it may stop."""
+    fake.decisions.extend([STOP, STOP, STOP, STOP])
+    state = run("infmem", stop_after=3)
+    assert decisions(state) == ["SEARCH", "STOP", "STOP", "STOP"]
+    first = state["trajectory"][0]
+    assert first["stop_refused"] and first["query"] == QUESTION and first["memory_tokens"] > 0
+    assert len(fake.of_kind("write")) == 1 and state["answer"] == "the ogre Grimbold"
+
+
+@pytest.mark.parametrize("graph_name", ["memagent", "infmem"])
+def test_an_empty_memory_answers_that_nothing_was_found(store: Mindscape, fake: ScriptedChat, graph_name: str) -> None:
+    """Whatever was read, a memory left empty gives no model anything to answer from: the answer
+    says nothing was found, without a call that would invent one."""
+    fake.memory = ""
+    state = run(graph_name)
+    assert state["memory"] == "" and state["answer"] == NOTHING_FOUND and state["citations"] == []
+    assert fake.of_kind("answer") == [] and state["messages"][-1].text == NOTHING_FOUND
+    run(graph_name, answer_format="verify")
+    assert len(fake.of_kind("answer")) == 1  # a verdict is still asked for
 
 
 def test_infmem_one_stop_ends_at_the_first_stop(store: Mindscape, fake: ScriptedChat) -> None:

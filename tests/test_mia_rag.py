@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from mia.nodes.context import MiaRagSettings, RagSettings
-from mia.nodes.qa import select_signature
+from mia.nodes.signature_init import select_signature
 from mia.nodes.retrieval import Fusion, dual_signal, query_only, signature_ranking, signature_vector
-from mia.stores.mindscape import MindscapeError
+from mia.stores.chroma import MindscapeError
+from mia.stores.units import Level
 from tests.conftest import requires_data, story_text, write_stories
 
 pytestmark = requires_data
@@ -233,7 +234,7 @@ def test_dense_search_is_exact(tiny_collection, minilm, monkeypatch) -> None:
     """The search is brute force over every committed chunk: its hits' cosines are the stored
     vectors' and are the k largest of all chunks', best first, for every k; and a new instance with
     nothing in memory (as in a new process) returns the same ids in the same order."""
-    from mia.stores import mindscape
+    from mia.stores import vector_index
 
     store = tiny_collection.store
     ids, vectors = _all_chunks(store)
@@ -246,23 +247,21 @@ def test_dense_search_is_exact(tiny_collection, minilm, monkeypatch) -> None:
             assert len({h.id for h in hits}) == len(hits) == min(k, len(ids))
             assert [h.score for h in hits] == pytest.approx([float(cosine[ids.index(h.id)]) for h in hits], abs=1e-5)
             assert [h.score for h in hits] == pytest.approx(list(best[:k]), abs=1e-5)
-            monkeypatch.setattr(mindscape, "_VECTOR_ROWS", type(mindscape._VECTOR_ROWS)())
+            monkeypatch.setattr(vector_index, "_HELD", type(vector_index._HELD)())
             assert [h.id for h in hits] == [h.id for h in type(store)(store.name).search_chunks(query_vec, k)]
     assert store.search_chunks(minilm.embed_query(QUESTIONS[0]), 0) == []
 
 
 def test_dense_search_breaks_ties_by_row_also_at_the_cut(monkeypatch) -> None:
     """Equal cosines (the same passage in two books) rank by row, whichever rows the cut leaves out."""
-    from mia.stores import mindscape
+    from mia.stores.vector_index import LevelVectors, nearest
 
     a, b = np.array([1.0, 0.0], dtype=np.float32), np.array([0.6, 0.8], dtype=np.float32)
     matrix = np.stack([b, a, b, a, a])
-    held = mindscape._Vectors((), ["r0", "r1", "r2", "r3", "r4"], {}, matrix, np.linalg.norm(matrix, axis=1), {})
-    store = object.__new__(mindscape.Mindscape)
-    monkeypatch.setattr(store, "_vectors", lambda collection: held, raising=False)
-    assert [h.id for h in store.search_chunks(a, 2)] == ["r1", "r3"]
-    assert [h.id for h in store.search_chunks(2 * a, 4)] == ["r1", "r3", "r4", "r0"]
-    assert [h.score for h in store.search_chunks(a, 5)] == pytest.approx([1, 1, 1, 0.6, 0.6])
+    held = LevelVectors((), ["r0", "r1", "r2", "r3", "r4"], {}, matrix, np.linalg.norm(matrix, axis=1), {})
+    assert [n for n, _ in nearest(held, a, 2)] == [1, 3]
+    assert [n for n, _ in nearest(held, 2 * a, 4)] == [1, 3, 4, 0]
+    assert [cosine for _, cosine in nearest(held, a, 5)] == pytest.approx([1, 1, 1, 0.6, 0.6])
 
 
 def test_dense_search_names_a_wrong_embedder(tiny_collection) -> None:
@@ -323,36 +322,40 @@ def test_two_levels_offer_book_units_that_e2_leaves_to_the_reader(tmp_path, mini
     session and their book's unit; E2 ranks by the signature's sessions alone. A collection without
     units (ingested without cards) is refused with the fix."""
     from mia.stores.book_card import BookCard
-    from mia.stores.mindscape import Mindscape, is_book_unit
+    from mia.stores.mindscape import Mindscape
 
     paths = write_stories(tmp_path / "stories")
     assert cli("ingest", *map(str, paths), "--collection", "two-levels", "--cards", "names", "--quiet").code == 0
     store = Mindscape("two-levels")
-    books = store.ordered_books()
+    books = store.commits.ordered()
     units = store.book_units(books)
     assert sorted(units) == sorted(books)
-    card = BookCard.from_json(store.cards()[books[0]]).text()
-    assert store.summary_records([units[books[0]]])[0]["text"] == card
-    np.testing.assert_allclose(store.vectors("summaries", [units[books[0]]])[0], minilm.embed_documents([card])[0], atol=1e-6)
-    rows, _ = store.vector_rows("summaries")
-    assert rows and not any(is_book_unit(i) for i in rows)
+    unit = units[books[0]]
+    card = BookCard.from_json(unit.card).text()
+    assert unit.text == card  # the card's one rendering is what the unit holds
+    record = store.summary_records([unit.id])[0]
+    assert (record["text"], record["level"]) == (card, Level.BOOK)
+    np.testing.assert_allclose(store.vectors("summaries", [unit.id])[0], minilm.embed_documents([card])[0], atol=1e-6)
+    rows, _ = store.vector_rows(Level.SESSION)
+    assert rows and {r["level"] for r in store.summary_records(list(rows))} == {Level.SESSION}
 
-    def signature_of(*settings: str) -> tuple[list[str], list[str]]:
+    def signature_of(*settings: str) -> tuple[list[dict], list[str]]:
         result = cli("ask", QUESTIONS[0], "--collection", "two-levels", "--graph", "mia_rag", "--json",
                      "--set", "retrieval_only=true", *settings)
         assert result.code == 0, result.err
         state = json.loads(result.out)
-        return [s["id"] for s in state["signature"]], [r["id"] for r in state["retrieved"]]
+        return state["signature"], [r["id"] for r in state["retrieved"]]
 
     without_units = cli("ask", QUESTIONS[0], "--collection", tiny_collection.name, "--set", "retrieval_only=true",
                         "--graph", "mia_rag", "--set", "signature_levels=sessions+books")
     assert without_units.code == 2 and "needs book units" in without_units.err and "--cards" in without_units.err
     sessions_only, _ = signature_of()
-    assert not any(is_book_unit(i) for i in sessions_only)
+    assert {s["level"] for s in sessions_only} == {"session"}
     signature, retrieved = signature_of("--set", "signature_levels=sessions+books", "--set", "sig_strategy=centroid")
-    assert any(is_book_unit(i) for i in signature)
+    assert "book" in {s["level"] for s in signature}
+    assert {s["id"] for s in signature if s["level"] == "book"} <= {u.id for u in units.values()}
     ctx = MiaRagSettings(collection="two-levels", sig_strategy="centroid")
-    sessions = [i for i in signature if not is_book_unit(i)]
+    sessions = [s["id"] for s in signature if s["level"] == "session"]
     expected = signature_ranking(ctx, Mindscape("two-levels"), minilm, QUESTIONS[0], minilm.embed_query(QUESTIONS[0]),
                                  sessions, ctx.top_k)
     assert retrieved == [h.id for h in expected]
@@ -383,10 +386,10 @@ def test_collection_without_summaries(tmp_path, tiny_collection, cli) -> None:
         ("top_k=0", "top_k must be at least 1"),
         ("k_sum=0", "k_sum must be at least 1"),
         ("candidates=0", "candidates must be at least 1"),
-        ("alpha=1.5", "alpha must be in [0, 1]"),
-        ("alpha=-0.1", "alpha must be in [0, 1]"),
-        ("alpha=nan", "alpha must be in [0, 1]"),
-        ("alpha=half", "setting alpha='half' is not a valid float"),
+        ("delta=1.5", "delta must be in [0, 1]"),
+        ("delta=-0.1", "delta must be in [0, 1]"),
+        ("delta=nan", "delta must be in [0, 1]"),
+        ("delta=half", "setting delta='half' is not a valid float"),
         ("k0=ten", "setting k0='ten' is not a valid int"),
         ("retrieval_only=maybe", "setting retrieval_only='maybe' is not one of 1/true/yes/on/0/false/no/off"),
         ("lambda_q=-1", "lambda_q must be non-negative"),

@@ -15,7 +15,9 @@ from mia.graph.registry import load_graph
 from mia.nodes import resources
 from mia.nodes.context import context_from
 from mia.stores.book_card import BookCard
+from mia.stores.ingest import books
 from mia.stores.mindscape import Mindscape
+from mia.stores.units import book_unit_id
 
 
 @pytest.fixture
@@ -32,12 +34,12 @@ def prompts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-def test_the_generator_reads_the_cards_of_its_passages_books_only_when_asked(tiny_collection, prompts: list[str]) -> None:
+def test_the_generator_reads_the_cards_of_its_passages_books_only_when_asked(tiny_collection, minilm, prompts: list[str]) -> None:
     store = Mindscape(tiny_collection.name)
-    book = store.ordered_books()[0]
+    book = store.commits.ordered()[0]
     card = BookCard(book=book, title="The Golden Goose", author="", narrator="", first_person=False,
                     characters=[{"name": "Dummling", "aliases": [], "role": "the youngest son"}])
-    store.put_card(book, card.to_json(), str(store.committed_books()[book]["hash"]))
+    books.write(store, [card], minilm)
     seen = []
     try:
         for graph in ("rag", "mia_rag"):
@@ -49,13 +51,13 @@ def test_the_generator_reads_the_cards_of_its_passages_books_only_when_asked(tin
                 assert ("<book>\nTitle: The Golden Goose" in prompts[-1]) == (given and with_card), (graph, given)
                 assert ("between <book> tags" in prompts[-1]) == (given and with_card)
     finally:
-        store.texts.delete(ids=[f"{book}#card"])
+        store.summaries.delete(ids=[book_unit_id(book)])
     assert any(seen)  # the card's book was among the passages' books
 
 
 def test_document_order_gives_the_passages_in_story_order(tiny_collection, prompts: list[str]) -> None:
     store = Mindscape(tiny_collection.name)
-    rank = {book: n for n, book in enumerate(store.ordered_books())}
+    rank = {book: n for n, book in enumerate(store.commits.ordered())}
     for order in ("score", "document"):
         state = load_graph("rag").invoke({"question": "Who got the golden goose?"}, context=context_from(
             "rag", {"collection": tiny_collection.name, "passage_order": order}))

@@ -221,32 +221,32 @@ def test_reuse_adopts_identical_jobs_from_another_run(tiny: Dataset, tmp_path: P
 
 def test_variants_and_sweeps() -> None:
     variants = runner.expand_variants(
-        ["rag", "mia_rag"], {"alpha": "0.3", "mia_rag:k_sum": "3"},
-        {"mia_rag:alpha": ["0.2", "0.5"], "mia_rag:window": ["5", "20"]},
+        ["rag", "mia_rag"], {"k0": "40", "mia_rag:k_sum": "3"},
+        {"mia_rag:k0": ["30", "60"], "mia_rag:window": ["5", "20"]},
         retrieval_only=True, summarizer="extractive",
     )
     names = [v.name for v in variants]
-    assert names == ["rag", "mia_rag[alpha=0.2,window=5]", "mia_rag[alpha=0.2,window=20]",
-                     "mia_rag[alpha=0.5,window=5]", "mia_rag[alpha=0.5,window=20]"]
+    assert names == ["rag", "mia_rag[k0=30,window=5]", "mia_rag[k0=30,window=20]",
+                     "mia_rag[k0=60,window=5]", "mia_rag[k0=60,window=20]"]
     assert variants[0].context.top_k == runner.RANKING_DEPTH and variants[0].retrieval_only
-    assert not hasattr(variants[0].context, "alpha")  # a global setting goes to the graphs that read it
-    assert variants[1].context.alpha == 0.2 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
+    assert not hasattr(variants[0].context, "k0")  # a global setting goes to the graphs that read it
+    assert variants[1].context.k0 == 30 and variants[1].context.k_sum == 3 and variants[1].ingest.window == 5
     assert variants[0].ingest.window == 20  # window is an ingestion option: it never reaches the settings
     assert len({v.fingerprint for v in variants}) == 5
-    rag, explicit = runner.expand_variants(["rag", "mia_rag"], {"mia_rag:alpha": "0.20"}, {},
+    rag, explicit = runner.expand_variants(["rag", "mia_rag"], {"mia_rag:k0": "050"}, {},
                                                retrieval_only=False, summarizer="extractive")
     plain = runner.expand_variants(["mia_rag"], {}, {}, retrieval_only=False, summarizer="extractive")[0]
-    assert explicit.fingerprint == plain.fingerprint != rag.fingerprint  # alpha 0.2 is the default
+    assert explicit.fingerprint == plain.fingerprint != rag.fingerprint  # k0 50 is the default
 
 
 def test_linked_sweeps_move_settings_together() -> None:
-    sweeps = runner.parse_assignments(["passage_order&top_k=score&5,document&12", "mia_rag:alpha=0.2,0.5"], multi=True)
-    assert sweeps == {"passage_order&top_k": [("score", "5"), ("document", "12")], "mia_rag:alpha": ["0.2", "0.5"]}
+    sweeps = runner.parse_assignments(["passage_order&top_k=score&5,document&12", "mia_rag:k0=30,60"], multi=True)
+    assert sweeps == {"passage_order&top_k": [("score", "5"), ("document", "12")], "mia_rag:k0": ["30", "60"]}
     variants = runner.expand_variants(["rag", "mia_rag"], {}, sweeps, retrieval_only=False, summarizer="extractive")
     assert [v.name for v in variants] == [
         "rag[passage_order=score,top_k=5]", "rag[passage_order=document,top_k=12]",
-        "mia_rag[passage_order=score,top_k=5,alpha=0.2]", "mia_rag[passage_order=score,top_k=5,alpha=0.5]",
-        "mia_rag[passage_order=document,top_k=12,alpha=0.2]", "mia_rag[passage_order=document,top_k=12,alpha=0.5]"]
+        "mia_rag[passage_order=score,top_k=5,k0=30]", "mia_rag[passage_order=score,top_k=5,k0=60]",
+        "mia_rag[passage_order=document,top_k=12,k0=30]", "mia_rag[passage_order=document,top_k=12,k0=60]"]
     assert (variants[1].context.passage_order, variants[1].context.top_k) == ("document", 12)
     scoped = runner.parse_assignments(["rag:passage_order&top_k=score&5,document&12", "mia_rag:top_k=3"], multi=True)
     assert [v.name for v in runner.expand_variants(["rag", "mia_rag"], {}, scoped, retrieval_only=False,
@@ -255,7 +255,7 @@ def test_linked_sweeps_move_settings_together() -> None:
     with pytest.raises(ValueError, match="needs 2 parts"):
         runner.parse_assignments(["passage_order&top_k=score,document&12"], multi=True)
     with pytest.raises(ValueError, match="reads only some of these settings"):
-        runner.expand_variants(["rag", "mia_rag"], {}, runner.parse_assignments(["top_k&alpha=5&0.2"], multi=True),
+        runner.expand_variants(["rag", "mia_rag"], {}, runner.parse_assignments(["top_k&k0=5&30"], multi=True),
                                retrieval_only=False, summarizer="extractive")
     with pytest.raises(ValueError, match="unknown setting.*colour"):
         runner.expand_variants(["rag"], {}, runner.parse_assignments(["top_k&colour=5&red"], multi=True),
@@ -266,11 +266,11 @@ def test_linked_sweeps_move_settings_together() -> None:
     ("kwargs", "message"),
     [
         ({"systems": ["nope"]}, "unknown system"),
-        ({"systems": ["mia_rag"], "settings": {"alpha": "2"}}, "alpha must be in"),
+        ({"systems": ["mia_rag"], "settings": {"delta": "2"}}, "delta must be in"),
         ({"systems": ["rag"], "settings": {"colour": "red"}}, "unknown setting"),
-        ({"systems": ["rag", "infmem"], "sweeps": {"alpha": ["0.2", "0.5"]}}, "no graph of rag, infmem reads them"),
-        ({"systems": ["rag", "mia_rag"], "settings": {"rag:alpha": "0.3"}}, "unknown setting.*for graph rag"),
-        ({"systems": ["rag"], "settings": {"agent:alpha": "0.2"}}, "not among the systems"),
+        ({"systems": ["rag", "infmem"], "sweeps": {"k0": ["30", "60"]}}, "no graph of rag, infmem reads them"),
+        ({"systems": ["rag", "mia_rag"], "settings": {"rag:k0": "30"}}, "unknown setting.*for graph rag"),
+        ({"systems": ["rag"], "settings": {"agent:k0": "30"}}, "not among the systems"),
         ({"systems": ["rag"], "dataset": "nope"}, "unknown dataset"),
         ({"systems": ["rag"], "dataset": "fairytale-series", "length": 16000}, "--length applies to multihop-synth only"),
         ({"systems": ["rag"], "dataset": "custom"}, "needs --texts"),
@@ -361,14 +361,14 @@ def test_fingerprint_holds_every_resolved_setting(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_global_setting_changes_only_the_graphs_that_read_it() -> None:
-    """A streaming agent's result stands for every retriever and α; a change it reads makes a new one."""
+    """A streaming agent's result stands for every retriever and k0; a change it reads makes a new one."""
     def prints(settings: dict[str, str]) -> dict[str, str]:
         variants = runner.expand_variants(["rag", "mia_rag", "infmem"], settings, {}, retrieval_only=False,
                                           summarizer="extractive")
         return {v.name: v.fingerprint for v in variants}
 
     base = prints({})
-    retrieval = prints({"retriever": "dense", "top_k": "5", "alpha": "0.5"})
+    retrieval = prints({"retriever": "dense", "top_k": "5", "k0": "40"})
     assert retrieval["infmem"] == base["infmem"]
     assert retrieval["rag"] != base["rag"] and retrieval["mia_rag"] != base["mia_rag"]
     streaming = prints({"memory_tokens": "512"})
@@ -376,8 +376,8 @@ def test_a_global_setting_changes_only_the_graphs_that_read_it() -> None:
     assert streaming["rag"] == base["rag"] and streaming["mia_rag"] == base["mia_rag"]
     # The fusion's settings matter to hybrid retrieval only.
     assert prints({"rrf_k": "30"})["rag"] != base["rag"]
-    dense = prints({"retriever": "dense"})
-    assert prints({"retriever": "dense", "rrf_k": "30", "bm25_weight": "1", "bm25_stemming": "false"})["rag"] == dense["rag"]
+    with pytest.raises(ValueError, match="rrf_k is read only by retriever=hybrid"):
+        prints({"retriever": "dense", "rrf_k": "30"})
     assert prints({"bm25_stemming": "false"})["rag"] != base["rag"]
 
 
@@ -422,20 +422,21 @@ def test_token_table_reads_strict_first_and_leaves_a_budget_some_ranking_did_not
 
 
 def test_misses_are_split_into_reading_and_retrieval_and_answers_sit_beside_references() -> None:
-    def rec(system: str, qid: str, f1: float, seen: float, answer: str) -> dict[str, Any]:
+    def rec(system: str, qid: str, f1: float, seen: float, answer: str, holds: float = 100.0) -> dict[str, Any]:
         return {"system": system, "part": "p", "id": qid, "question": f"Who is {qid}?", "answer": answer,
-                "references": [f"ref {qid}", "other | ref"], "scores": {"f1": f1, "answer_in_passages": seen},
+                "references": [f"ref {qid}", "other | ref"],
+                "scores": {"f1": f1, "answer_in_passages": seen, "first_citation_holds": holds},
                 **{m: 0.0 for m in report.COST_METRICS}}
 
     records = [rec("rag", "a", 100.0, 100.0, "ref a"), rec("rag", "b", 0.0, 100.0, "wrong"),
                rec("rag", "c", 40.0, 0.0, "half"), rec("rag", "d", 0.0, 0.0, "x" * 300),
-               rec("mia_rag", "a", 50.0, 0.0, "ref"), rec("mia_rag", "b", 0.0, 0.0, "no")]
+               rec("mia_rag", "a", 50.0, 0.0, "ref", holds=0.0), rec("mia_rag", "b", 0.0, 0.0, "no")]
     grouped = report._by_system(records)
     lines = report._tables({"parts": [{}]}, grouped, ["rag", "mia_rag"], seed=0)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines
-            if line.startswith("| ") and line.count("|") == 7}
-    # questions, answered (F1 >= 50), missed, reading misses, retrieval misses
-    assert rows["rag"] == ["4", "1", "3", "1", "2"] and rows["mia_rag"] == ["2", "1", "1", "0", "1"]
+            if line.startswith("| ") and line.count("|") == 8}
+    # questions, answered (F1 >= 50), of them first citation holds, missed, reading misses, retrieval misses
+    assert rows["rag"] == ["4", "1", "1 of 1", "3", "1", "2"] and rows["mia_rag"] == ["2", "1", "0 of 1", "1", "0", "1"]
     answers = report.answers_section(grouped, ["rag", "mia_rag"])
     assert answers[3] == "| question | references | `rag` | `mia_rag` |"
     by_question = {line.split(" | ")[0]: line for line in answers[5:]}
@@ -468,7 +469,7 @@ def test_a_folder_of_question_files_runs_as_one_set_each_question_over_its_own_b
     assert len(set(collections.values())) == 2
     for record in results.records:
         store = Mindscape(record["collection"])
-        assert len(store.book_records()) == 1  # its own book alone
+        assert len(store.commits.records()) == 1  # its own book alone
         assert record["scores"]["recall@20"] == 100.0  # the whole (short) story came back
 
 

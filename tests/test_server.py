@@ -275,7 +275,8 @@ def test_chroma_server_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min
     from mia.graph.registry import load_graph
     from mia.nodes.context import context_from
     from mia.stores.ingest import IngestOptions, ingest
-    from mia.stores.mindscape import Mindscape, chroma_client, list_mindscapes
+    from mia.stores.chroma import chroma_client, list_mindscapes
+    from mia.stores.mindscape import Mindscape
 
     paths = write_stories(tmp_path / "stories", STORIES)
     with chroma_server(tmp_path / "chroma-server") as (url, _):

@@ -25,7 +25,7 @@ import pytest
 
 from mia.evals.train_retriever import Collection, Examples, TorchHead, train_head
 from mia.nodes.retrieval import signature_evidence
-from mia.stores.mindscape import neighbour_sessions
+from mia.stores.units import Level, neighbour_sessions
 from mia.stores.signature_head import DEFAULT_WEIGHTS, EVIDENCE, HeadError, SignatureHead, load_head
 from tests.conftest import requires_data
 
@@ -296,11 +296,11 @@ def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, 
     """Scoring every chunk of the collection gives the ranking E2 finds in its candidate set, with a
     shallow first stage (so the nearest chunks to e and the sessions' chunks must add the rest)."""
     from mia.nodes.context import MiaRagSettings
-    from mia.nodes.qa import select_signature
+    from mia.nodes.signature_init import select_signature
     from mia.nodes.retrieval import Fusion, head_inputs, query_only, trained_signature
 
     store, head = tiny_collection.store, load_head("")
-    rows, matrix = store.vector_rows("chunks")
+    rows, matrix = store.vector_rows(Level.CHUNK)
     ids = sorted(rows, key=rows.get)
     owners = store.summary_of(ids)
     ctx = MiaRagSettings(collection=store.name, signature_init="coverage")
@@ -312,7 +312,7 @@ def test_trained_e2_is_exact_over_the_whole_collection(tiny_collection, minilm, 
         sig = [p["id"] for p in select_signature(store, question, q, step0, ctx)]
         fused, _, _, _, summary_vecs, evidence = head_inputs(store, q, sig, max(k, candidates), text=question, fusion=fusion)
         e, a = head.query(q, summary_vecs, evidence, 0.5)
-        summary_rows, summary_matrix = store.vector_rows("summaries")
+        summary_rows, summary_matrix = store.vector_rows(Level.SESSION)
         weight = head.session_lift(sig, a, lambda x, y: float(summary_matrix[summary_rows[x]] @ summary_matrix[summary_rows[y]])
                                    if y in summary_rows else None)
         rrf = dict(fused)

@@ -107,7 +107,7 @@ def test_llm_excerpt_ingestion_sends_the_excerpt_under_its_own_cache_key(tmp_pat
         markers = 2 * passages[1].count("…")  # the budget counts the quoted sentences, not the gap marks
         assert excerpt_tokens <= min(summ.EXCERPT_TOKENS, whole_tokens) + markers
     assert count_tokens(whole.prompts[0]) > summ.EXCERPT_TOKENS + 200, "the first window is longer than the budget"
-    method = Mindscape("part", client).book_records()["golden-goose"]["summarizer"]
+    method = Mindscape("part", client).commits.records()["golden-goose"]["summarizer"]
     assert summ.EXCERPT in method and minilm.name in method
 
 

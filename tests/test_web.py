@@ -28,7 +28,7 @@ from mia.graph.http_app import app
 from mia.graph.ingest import graph as ingest_graph
 from mia.graph.server import Server, ingest_elsewhere, start_server
 from mia.graph.registry import settings_read
-from mia.stores.mindscape import chroma_client, list_mindscapes
+from mia.stores.chroma import chroma_client, list_mindscapes
 from mia.stores.paths import PathError
 from tests.conftest import TinyCollection, requires_data, story_text, write_stories
 
@@ -81,11 +81,11 @@ def test_settings_panel_describes_every_setting_of_the_graph(monkeypatch: pytest
         schema = {s["name"]: s for s in client.get("/mia/api/settings?graph=mia_rag").json()["settings"]}
         rag = {s["name"] for s in client.get("/mia/api/settings?graph=rag").json()["settings"]}
         unknown = client.get("/mia/api/settings?graph=nope")
-    assert set(schema) == settings_read("mia_rag") and rag == settings_read("rag") and "alpha" not in rag
+    assert set(schema) == settings_read("mia_rag") and rag == settings_read("rag") and "k0" not in rag
     assert unknown.status_code == 400 and "unknown graph 'nope'" in unknown.json()["detail"]
     assert all(s["description"] for s in schema.values())
     assert schema["top_k"] == {**schema["top_k"], "type": "int", "default": 7}  # the server's effective default
-    assert schema["alpha"]["type"] == "float" and schema["injection_guard"]["type"] == "bool"
+    assert schema["delta"]["type"] == "float" and schema["injection_guard"]["type"] == "bool"
     assert schema["retriever"]["type"] == "choice" and schema["retriever"]["choices"] == ["dense", "hybrid"]
 
 

@@ -141,7 +141,7 @@ function renderCollections(preferred) {
     const books = el("ol", {class: "books"}, c.books.map((b) =>
       el("li", {}, el("span", {class: "book-name"}, b.book),
          el("span", {class: "muted"}, ` ${fmt(b.chunks)} chunks · ${fmt(b.summaries)} summaries · ${fmt(b.tokens)} tokens`),
-         b.card ? el("details", {class: "card"}, el("summary", {}, "card"), el("pre", {}, cardText(b.card))) : null)));
+         b.card_text ? el("details", {class: "card"}, el("summary", {}, "card"), el("pre", {}, b.card_text)) : null)));
     list.append(el("li", {class: "collection", "data-collection": c.collection},
       el("div", {class: "collection-head"},
         el("button", {type: "button", class: "link", onclick: () => { select.value = c.collection; newThread(); }}, c.collection),
@@ -156,22 +156,6 @@ async function refreshCollections() {
   const listed = await api("/mia/api/collections");
   state.collections = listed.collections;
   renderCollections();
-}
-
-// A book card (stores/book_card.py) as the lines its own text() gives the reader, less the length cap.
-function cardText(card) {
-  const person = card.first_person ? "first person" : "third person";
-  const character = (c) => c.name + (c.role ? ` (${c.role})` : "") + (c.aliases && c.aliases.length ? `; also ${c.aliases.join(", ")}` : "");
-  return [
-    `Title: ${card.title}`, card.author ? `Author: ${card.author}` : null,
-    card.narrator ? `Narrator: ${card.narrator} (${person})` : `Narration: ${person}`,
-    card.characters.length ? `Main characters: ${card.characters.map(character).join("; ")}` : null,
-    card.places.length ? `Places: ${card.places.join("; ")}` : null,
-    card.time ? `Time: ${card.time}` : null,
-    card.outline.length ? `Plot: ${card.outline.map((s, i) => `${i + 1}. ${s}`).join(" ")}` : null,
-    card.names.length ? `Most named: ${card.names.slice(0, 12).map((n) => `${n.name} (${n.mentions})`).join(", ")}` : null,
-    `Made by: ${card.method}`,
-  ].filter((line) => line !== null).join("\n");
 }
 
 async function removeCollection(name) {
@@ -471,7 +455,8 @@ function finishMessage(message, run) {
         ? el("button", {type: "button", class: "citation", "data-card": c.book, title: `the book's card: “${c.sentences[0].text}”`,
           onclick: () => openCard(run.collection, c.book, c.sentences[0].text)}, `[card] ${c.book}`)
         : el("button", {type: "button", class: "citation", "data-chunk": c.id,
-          title: `${c.cited_by_model ? "cited by the model" : "given to the model, which cited none"}: “${((c.sentences || [])[0] || {}).text || ""}”`,
+          title: `${c.moved_from ? `holds the answer's words, which [${c.moved_from}] the model cited lacks`
+            : c.cited_by_model ? "cited by the model" : "given to the model, which cited none"}: “${((c.sentences || [])[0] || {}).text || ""}”`,
           onclick: () => openPassage(run.collection, c.id, c.sentences || [])}, `[${c.n}] ${c.book}, chunk ${c.chunk}`))));
   }
   const usage = values.usage || {};
@@ -508,8 +493,7 @@ async function openPassage(collection, chunkId, sentences = []) {
 async function openCard(collection, book, line) {
   try {
     const stats = await api(`/mia/api/collections/${enc(collection)}`);
-    const card = (stats.books.find((b) => b.book === book) || {}).card;
-    const text = card ? cardText(card) : line;
+    const {card, card_text: text = line} = stats.books.find((b) => b.book === book) || {};
     const at = text.indexOf(line);
     $("passage-title").textContent = `${book} — the book's card`;
     $("passage-where").textContent = card ? `made by ${card.method}` : "";
