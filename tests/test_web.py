@@ -340,8 +340,12 @@ def test_collections_are_listed_with_their_counts(site: Site, browser: Any) -> N
     stats = browser.find_element("css selector", "li[data-collection=fairy] .stats").text
     assert re.fullmatch(r"2 book\(s\) · \d+ chunks · \d+ summaries · [\d,]+ tokens", stats), stats
     cards = browser.execute_script(  # each book's card, folded under it (textContent: a closed <details> hides it)
-        "return [...document.querySelectorAll('li[data-collection=fairy] .books details.card pre')].map((p) => p.textContent);")
-    assert len(cards) == 2 and all(c.startswith("Title: ") and "Made by: names-v1" in c for c in cards), cards
+        "return [...document.querySelectorAll('li[data-collection=fairy] .books details.card')]"
+        ".map((d) => [d.querySelector('summary').textContent, d.querySelector('pre').textContent]);")
+    with httpx.Client(base_url=site.server.url, headers={"Authorization": "Bearer key-admin"}, timeout=30) as http:
+        stored = {b["card_text"] for b in http.get("/mia/api/collections/fairy").json()["books"]}
+    assert len(cards) == 2 and all(label == "card, made by names-v1" for label, _ in cards), cards
+    assert {text for _, text in cards} == stored  # the card's one rendering, as stored
 
 
 @pytest.mark.slow

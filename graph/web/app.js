@@ -141,7 +141,7 @@ function renderCollections(preferred) {
     const books = el("ol", {class: "books"}, c.books.map((b) =>
       el("li", {}, el("span", {class: "book-name"}, b.book),
          el("span", {class: "muted"}, ` ${fmt(b.chunks)} chunks · ${fmt(b.summaries)} summaries · ${fmt(b.tokens)} tokens`),
-         b.card_text ? el("details", {class: "card"}, el("summary", {}, "card"), el("pre", {}, b.card_text)) : null)));
+         b.card_text ? el("details", {class: "card"}, el("summary", {}, `card, made by ${b.card.method}`), el("pre", {}, b.card_text)) : null)));
     list.append(el("li", {class: "collection", "data-collection": c.collection},
       el("div", {class: "collection-head"},
         el("button", {type: "button", class: "link", onclick: () => { select.value = c.collection; newThread(); }}, c.collection),
