@@ -37,6 +37,7 @@ import numpy as np
 from mia.evals.bench_llm import add_llm_bench
 from mia.evals.bench_scale import add_scale_bench
 from mia.evals.bench_serve import add_serve_bench
+from mia.evals.bench_summaries import add_summaries_bench
 from mia.evals.web_page import add_web_bench
 from mia.stores.settings import data_root
 
@@ -358,7 +359,7 @@ def add_retrieval_bench(benches: Any) -> argparse.ArgumentParser:
 # registration
 
 BENCHMARKS: list[Callable[[Any], argparse.ArgumentParser]] = [add_ingest_bench, add_retrieval_bench, add_scale_bench, add_serve_bench,
-                                                              add_llm_bench, add_web_bench]
+                                                              add_llm_bench, add_summaries_bench, add_web_bench]
 """One entry per ``mia bench`` subcommand, in the order ``mia bench --help`` lists them."""
 
 

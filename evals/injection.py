@@ -34,6 +34,7 @@ from mia.stores.chroma import chroma_client
 from mia.stores.mindscape import Mindscape
 from mia.stores.settings import data_root, mia_home
 from mia.stores.writer_lock import store_path, writer_lock
+from mia.stores.units import Level, level_of
 
 GRAPHS = ("rag", "mia_rag", "mia_agent")
 OPTIONS = IngestOptions(chunk_size=100, window=4, summarizer="extractive")
@@ -161,7 +162,7 @@ def build(all_cases: list[Case], texts: dict[str, str], folder: Path, progress: 
             got = store.summaries.get(include=["documents", "metadatas", "embeddings"])
             with writer_lock(store_path(client)):
                 for sid, doc, meta, vector in zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"]):
-                    if "start" in meta and meta["start"] <= offset < meta["end"] and plant.text not in doc:  # sessions, not book units
+                    if level_of(meta, "summaries") == Level.SESSION and meta["start"] <= offset < meta["end"] and plant.text not in doc:
                         # The vector is kept (passing it also stops Chroma from embedding the text itself).
                         store.summaries.update(ids=[sid], documents=[f"{doc} {plant.text}"], embeddings=[list(vector)])
 

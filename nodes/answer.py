@@ -15,6 +15,8 @@ from mia.prompts import injection
 from mia.stores.bm25 import tokenize
 from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import sentence_spans
+from mia.stores.tokens import count_tokens
+from mia.stores.units import Level
 
 FORMAT_RULES: dict[str, str] = {
     "open": "Answer with a short phrase of a few words, then cite the passages you used as [1], [2], ... "
@@ -77,6 +79,35 @@ def reader_input(store: Mindscape, ids: Sequence[str], ctx: RetrievalSettings, *
     on what the generator got. ``texts=False`` fetches the chunks' metadata only."""
     chunks = reading_order(store.chunk_records(ids, documents=texts), ctx.passage_order, store.commits.ordered)
     return chunks, (book_cards(store, chunks) if ctx.book_card else [])
+
+
+SIGNATURE_TOKENS = 1500
+"""The most the signature's units add to the reader's prompt; the signature's last units give way first."""
+
+
+def signature_texts(store: Mindscape, ids: Sequence[str]) -> list[str]:
+    """The signature's units as the reader reads them: in story order (sessions by their place in
+    their book, the whole-book units first), each headed by where it stands ("session, 12%–15% of
+    rebecca-of-sunnybrook-farm"), within ``SIGNATURE_TOKENS``."""
+    records = store.summary_records(ids)
+    committed = store.commits.committed()
+    kept, used = [], 0
+    for r in records:  # the signature's order: its best units first
+        used += count_tokens(r["text"])
+        if kept and used > SIGNATURE_TOKENS:
+            break
+        kept.append(r)
+
+    def place(r: dict[str, Any]) -> tuple[int, str]:
+        record = committed.get(r["book"], {})
+        start, end = int(record.get("body_start", 0)), int(record.get("body_end", 0)) or 1
+        if r["level"] != Level.SESSION:
+            return -1, f"{r['level']}, the whole of {r['book']}"
+        share = lambda at: 100 * (int(at) - start) // max(end - start, 1)  # noqa: E731
+        return share(r["start"]), f"session, {share(r['start'])}%–{share(r['end'])}% of {r['book']}"
+
+    placed = sorted(((place(r), r) for r in kept), key=lambda p: (p[1]["book"], p[0][0]))
+    return [f"[{where}] {r['text']}" for (_, where), r in placed]
 
 
 def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), guard: bool = True,

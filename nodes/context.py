@@ -21,12 +21,13 @@ from dataclasses import Field, dataclass, field, fields
 from functools import cache
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
+from mia.stores.units import SignatureLevels
+
 AnswerFormat = Literal["open", "choice", "verify"]
 Retriever = Literal["dense", "hybrid"]
 PassageOrder = Literal["score", "document"]
 SignatureInit = Literal["coverage", "first_k"]
 SigStrategy = Literal["trained", "centroid", "mia"]
-SignatureLevels = Literal["sessions", "sessions+books"]
 SignatureAnswerInputs = Literal["chunks", "chunks+sig"]
 EvidenceAnswerInputs = Literal["chunks", "chunks+evi"]
 AgentAnswerInputs = Literal["chunks", "chunks+sig", "chunks+evi", "chunks+sig+evi"]
@@ -210,8 +211,8 @@ class SignatureSettings(GraphSettings):
     k_sum: int = _setting(5, "Session summaries in the signature that steers retrieval; more steers it more broadly.",
                           minimum=1)
     signature_levels: SignatureLevels = _setting(
-        "sessions", "Units the signature is chosen from: sessions (session summaries), or sessions+books (also each "
-        "book's card; needs book cards)."
+        "sessions", "Units the signature is chosen from besides the session summaries: each book's card (books) and its "
+        "who-is-who (names)."
     )
 
 

@@ -12,7 +12,7 @@ from mia.nodes import resources
 from mia.nodes.context import SignatureGraphSettings
 from mia.nodes.retrieval import Fusion, as_scored, query_only
 from mia.nodes.signature import coverage_aware, first_k, summary_pool
-from mia.stores.units import SIGNATURE_LEVELS, Level
+from mia.stores.units import SIGNATURE_LEVELS, WHOLE_BOOK_LEVELS
 from mia.stores.vector_index import ChunkHit
 
 
@@ -37,10 +37,11 @@ def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[
         )
     levels = SIGNATURE_LEVELS[ctx.signature_levels]
     owners = store.units_over([h.id for h in covered], levels)
-    if covered and Level.BOOK in levels and not any(Level.BOOK in units for units in owners):
+    lacking = [level for level in levels if level in WHOLE_BOOK_LEVELS and not any(level in units for units in owners)]
+    if covered and lacking:
         raise resources.MindscapeError(
-            f"signature_levels {ctx.signature_levels} needs book units, and the books of collection {store.name!r} that "
-            "the question reached have none: rerun `mia ingest` on them (--cards names or llm) to write them"
+            f"signature_levels {ctx.signature_levels} needs {lacking[0]} units, and the books of collection {store.name!r} "
+            "that the question reached have none: rerun `mia ingest` on them (with --cards names or llm for books) to write them"
         )
     level_of = {unit: level for units in owners for level, unit in units.items()}
     ranked_summaries = [list(units.values()) for units in owners]

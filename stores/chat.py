@@ -213,6 +213,8 @@ class LlamaCppChat(BaseChatModel):
         }
         if kwargs.get("response_format"):
             params["response_format"] = kwargs["response_format"]
+        if kwargs.get("frequency_penalty"):
+            params["frequency_penalty"] = kwargs["frequency_penalty"]
         return params
 
     def _generate(

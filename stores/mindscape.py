@@ -15,9 +15,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mia.stores.commits import PENDING, BookNotCommitted, Commits
 from mia.stores.chroma import COSINE, MindscapeError, chroma_client, list_mindscapes, validate_name
-from mia.stores.units import (LEVEL, Level, book_unit_id, chunk_book, level_of, session_chunks, session_of, session_parts)
+from mia.stores.commits import PENDING, BookNotCommitted, Commits
+from mia.stores.units import (LEVEL, WHOLE_BOOK_LEVELS, Level, book_unit_id, chunk_book, level_of, session_chunks,
+                              session_of, session_parts)
 from mia.stores.vector_index import ChunkHit, LevelVectors, level_vectors, nearest
 from mia.stores.writer_lock import store_path, writer_lock
 
@@ -27,8 +28,8 @@ WRITE_BATCH = 2000
 
 @dataclass(frozen=True)
 class BookUnit:
-    """A book's unit at the book level: its card (``stores.book_card``, JSON) and the card's one
-    rendering, which the reader, the signature, `mia ls`, ``--explain`` and the web page all show."""
+    """A book's unit at a whole-book level; at the book level, its card (JSON) and the card's one
+    rendering, which the reader, the signature, `mia ls`, ``--explain`` and the web page show."""
 
     id: str
     book: str
@@ -45,9 +46,8 @@ class Mindscape:
         meta = {**COSINE, "embedder": embedder} if create else None
         get = self.client.get_or_create_collection if create else self.client.get_collection
         kwargs = {"metadata": meta} if create else {}
-        # Chroma's default embedding function downloads a model: pass vectors ourselves, always.
-        # Opened by name, not looked up in a listing: every node call opens its collection, and
-        # listing all of a store's collections costs in proportion to how many it holds.
+        # No embedding function (Chroma's default downloads a model): vectors are passed. Opened by name, not
+        # looked up in a listing: every node call opens its collection, and a listing costs per collection.
         try:
             self.books = get(f"{name}__books", embedding_function=None, **kwargs)
             self.chunks = get(f"{name}__chunks", embedding_function=None, **kwargs)
@@ -76,7 +76,6 @@ class Mindscape:
             self._texts = self.client.get_or_create_collection(f"{self.name}__texts", embedding_function=None, metadata=COSINE)
         return self._texts
 
-    # ---- books -----------------------------------------------------------------------------
     def book_text(self, book: str) -> str:
         return self._book(book)[0]
 
@@ -93,19 +92,19 @@ class Mindscape:
             raise MindscapeError(f"collection {self.name!r} has no committed book {book!r}: it is being written "
                                  "(or its ingestion was interrupted); rerun `mia ingest` to finish it") from None
 
-    def book_units(self, books: Sequence[str] | None = None) -> dict[str, BookUnit]:
-        """The current book-level units of committed books (all of them by default): one made for
-        another version of its book is left out, as is a book without one."""
+    def book_units(self, books: Sequence[str] | None = None, level: Level = Level.BOOK) -> dict[str, BookUnit]:
+        """The current units of a whole-book ``level`` of committed books (all of them by default):
+        one made for another version of its book is left out, as is a book without one (and, at the
+        book level, a unit without its card: written before units held cards)."""
         committed = self.commits.committed()
         wanted = [b for b in dict.fromkeys(committed if books is None else books) if b in committed]
         if not wanted:
             return {}
-        got = self.summaries.get(ids=[book_unit_id(b) for b in wanted], include=["documents", "metadatas"])
-        return {m["book"]: BookUnit(i, m["book"], text, m["card"])
+        got = self.summaries.get(ids=[book_unit_id(b, level) for b in wanted], include=["documents", "metadatas"])
+        return {m["book"]: BookUnit(i, m["book"], text, m.get("card", ""))
                 for i, text, m in zip(got["ids"], got["documents"], got["metadatas"])
-                if m.get("card") and str(committed[m["book"]].get("hash")) == m.get("hash")}
+                if (m.get("card") or level != Level.BOOK) and str(committed[m["book"]].get("hash")) == m.get("hash")}
 
-    # ---- reads -----------------------------------------------------------------------------
     def chunk_records(self, ids: Sequence[str], *, documents: bool = True) -> list[dict[str, Any]]:
         """Metadata (and text) of chunks, in the order asked."""
         return self._records(self.chunks, ids, documents)
@@ -186,11 +185,12 @@ class Mindscape:
     def units_over(self, chunk_ids: Sequence[str], levels: Sequence[Level]) -> list[dict[Level, str]]:
         """Per chunk, the unit of each of ``levels`` (above the chunks) that covers it, lowest level
         first: with several levels coverage overlaps, the paper's overcomplete memory."""
+        books = [chunk_book(c) for c in chunk_ids]
         sessions = self.summary_of(chunk_ids) if Level.SESSION in levels else [""] * len(chunk_ids)
-        units = self.book_units([chunk_book(c) for c in chunk_ids]) if Level.BOOK in levels else {}
-        covering = [{Level.SESSION: s, Level.BOOK: units[chunk_book(c)].id if chunk_book(c) in units else ""}
-                    for c, s in zip(chunk_ids, sessions)]
-        return [{level: unit for level, unit in over.items() if unit} for over in covering]
+        found = {level: self.book_units(books, level) for level in levels if level in WHOLE_BOOK_LEVELS}
+        return [{level: unit for level, unit in ((Level.SESSION, session), *((lv, f[book].id if book in f else "")
+                                                                            for lv, f in found.items())) if unit}
+                for book, session in zip(books, sessions)]
 
     def session_members(self, summary_ids: Sequence[str]) -> list[tuple[str, str]]:
         """(chunk id, session id) of every committed chunk in the given sessions, session by session,

@@ -1,8 +1,9 @@
 """The memory's units: one schema for chunks, sessions and books, read by every part of MiA.
 
 A mindscape is a hierarchy over each book, built bottom-up by ingestion (``stores/ingest``, one
-builder a level): **chunks** (passages), **sessions** (a summary of a window of consecutive chunks)
-and **books** (one unit over the whole book: its card's text). Every stored row carries its level in
+builder a level): **chunks** (passages), **sessions** (a summary of a window of consecutive chunks),
+and two units over each whole book: **books** (its card's text) and **names** (who is who: its main
+names, where in the story each appears, and with whom). Every stored row carries its level in
 its metadata, so the selection's coverage, E2's filter and the reader ask a unit its level, never
 its id. Ids are made here, and parsed here only for a position (chunk i, session j of a book),
 which the store turns into coverage from the book's commit row without a query.
@@ -29,13 +30,18 @@ class Level(StrEnum):
     CHUNK = "chunk"
     SESSION = "session"
     BOOK = "book"
+    NAMES = "names"
 
 
-SUMMARY_LEVELS = (Level.SESSION, Level.BOOK)
-"""The levels stored in ``__summaries``: the units a signature is selected from."""
+WHOLE_BOOK_LEVELS = (Level.BOOK, Level.NAMES)
+"""The levels with one unit per book, written after the book is committed (``stores/ingest/books.py``,
+``names.py``): each carries the hash of the book version it was made for."""
 
-SignatureLevels = Literal["sessions", "sessions+books"]
-SIGNATURE_LEVELS: dict[str, tuple[Level, ...]] = {"sessions": (Level.SESSION,), "sessions+books": (Level.SESSION, Level.BOOK)}
+SignatureLevels = Literal["sessions", "sessions+books", "sessions+names", "sessions+books+names"]
+SIGNATURE_LEVELS: dict[str, tuple[Level, ...]] = {
+    "sessions": (Level.SESSION,), "sessions+books": (Level.SESSION, Level.BOOK),
+    "sessions+names": (Level.SESSION, Level.NAMES), "sessions+books+names": (Level.SESSION, Level.BOOK, Level.NAMES),
+}
 """The ``signature_levels`` setting's values and the levels each lets the signature choose from."""
 
 
@@ -71,9 +77,9 @@ def session_id(book: str, window: int) -> str:
     return f"{book}:s{window:05d}"
 
 
-def book_unit_id(book: str) -> str:
-    """The id of ``book``'s unit at the book level (a book id never holds ``#``)."""
-    return f"{book}#book"
+def book_unit_id(book: str, level: Level = Level.BOOK) -> str:
+    """The id of ``book``'s unit at a whole-book level (a book id never holds ``#``)."""
+    return f"{book}#{level}"
 
 
 def chunk_book(chunk: str) -> str:

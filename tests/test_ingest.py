@@ -33,7 +33,7 @@ from mia.stores.ingest import IngestOptions, InputError, book_id, ingest, ingest
 from mia.stores.chroma import MindscapeError, chroma_client
 from mia.stores.commits import Commits
 from mia.stores.mindscape import Mindscape
-from mia.stores.units import Level, book_unit_id, level_of
+from mia.stores.units import WHOLE_BOOK_LEVELS, Level, book_unit_id, level_of
 from mia.stores.summaries import SummaryCache
 from mia.stores.tokens import count_tokens
 from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
@@ -144,10 +144,10 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
             assert text[c["start"] : c["end"]] == c["text"]
         rows = store.summaries.get(where={"book": book}, include=["metadatas"])
         levels = [level_of(m, "summaries") for m in rows["metadatas"]]
-        units = [i for i, level in zip(rows["ids"], levels) if level == Level.BOOK]
-        assert units in ([], [book_unit_id(book)])  # the level above the sessions: one unit a book at most
+        units = sorted(i for i, level in zip(rows["ids"], levels) if level in WHOLE_BOOK_LEVELS)
+        assert set(units) <= {book_unit_id(book, level) for level in WHOLE_BOOK_LEVELS}  # one unit a book a level
         summaries = {k: [v for v, level in zip(rows[k], levels) if level == Level.SESSION] for k in ("ids", "metadatas")}
-        assert len(summaries["ids"]) + len(units) == len(rows["ids"])  # every unit is at one of the two levels
+        assert len(summaries["ids"]) + len(units) == len(rows["ids"])  # every unit is at one of the levels
         assert len(summaries["ids"]) == math.ceil(n / window)
         for sid, meta in zip(summaries["ids"], summaries["metadatas"]):
             first, last = meta["first_chunk"], meta["last_chunk"]
@@ -218,7 +218,8 @@ def test_sessions_follow_from_chunk_ids_as_the_metadata_says(tiny_collection) ->
 
 def test_extractive_summaries_quote_their_own_window(tiny_collection) -> None:
     store = tiny_collection.store
-    got = store.summaries.get(include=["documents", "metadatas"])
+    got = store.summaries.get(where={"level": "session"}, include=["documents", "metadatas"])
+    assert got["ids"]
     for text, meta in zip(got["documents"], got["metadatas"]):
         window = tiny_collection.texts[meta["book"]][meta["start"] : meta["end"]]
         assert meta["method"] == "extractive-v2:all-MiniLM-L6-v2"

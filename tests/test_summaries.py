@@ -126,3 +126,41 @@ def test_eval_sweeps_the_summarizer_as_an_ingestion_option(summarizer: str) -> N
                                summarizer="extractive")
     assert [v.ingest.summarizer for v in variants] == ["extractive", summarizer]
     assert "summarizer" not in variants[0].settings
+
+
+def test_grounding_drops_invented_names_and_repeated_sentences() -> None:
+    """Hand-made: the 1.5B's faults on A Study in Scarlet (an invented companion, a looped sentence)."""
+    source = ("Sherlock Holmes met Dr. Watson at Baker Street. Later they went to Lauriston Gardens, where Gregson "
+              "waited for them in the rain.")
+    written = ("Sherlock Holmes and his companion, Murray, meet at Baker Street. Later they meet Gregson. They meet "
+               "again at Baker Street. They meet again at Baker Street! Watson is there.")
+    kept, check = summ.grounded(written, source)
+    assert kept == "Later they meet Gregson. They meet again at Baker Street. Watson is there."
+    # A sentence's first word counts as a name only where the source never writes it in lower case:
+    # "They" does not count ("they" is in the source), "Later" does (and is there).
+    assert (check.sentences, check.repeated, check.dropped) == (5, 1, 2)
+    assert check.names - check.grounded == 1 and 0 < check.share < 1  # Murray alone is not in the source
+    again, recheck = summ.grounded(kept, source)
+    assert again == kept and recheck.share == 1.0 and recheck.dropped == 0
+    assert summ.grounded("", source) == ("", summ.Faithfulness())
+
+
+@pytest.mark.slow
+def test_the_embedded_model_writes_a_bounded_grounded_summary_of_a_real_window(embedded_model_file: Path) -> None:
+    from mia.stores.chat import load_chat_model
+    from mia.stores.front_matter import find_body
+    from tests.conftest import shared_data
+
+    path = shared_data() / "books/holmes/a_study_in_scarlet.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in the shared data")
+    text = path.read_text(encoding="utf-8")
+    start = find_body(text).start
+    window = text[start:start + 6000]
+    written, usage = summ.llm_summary(load_chat_model(), window, "a-study-in-scarlet", 1, 20)
+    kept, check = summ.grounded(written, window)
+    assert usage["output_tokens"] <= summ.SUMMARY_TOKENS
+    assert kept and summ.grounded(kept, window)[1].share == 1.0
+    keys = [" ".join(re.findall(r"\w+", s.casefold())) for s in sentences(kept)]
+    assert len(keys) == len(set(keys))  # no sentence twice
+    print(f"\n{written}\n-> kept {len(sentences(kept))} of {check.sentences} sentences, names {check.grounded}/{check.names}")

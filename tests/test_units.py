@@ -10,6 +10,7 @@ temporary folder, and, for the old store, a collection written by the code befor
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from mia.stores.book_card import BookCard
-from mia.stores.ingest import IngestOptions, IngestReport, Source, books, chunks, sessions
+from mia.stores.ingest import IngestOptions, IngestReport, Source, books, chunks, names, sessions
 from mia.stores.ingest.options import Progress
 from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import SummaryCache
@@ -158,3 +159,39 @@ def test_a_store_written_before_levels_opens_and_one_ingestion_completes_it(tmp_
     both = cli(*ask, "--set", "signature_levels=sessions+books")
     assert both.code == 0, both.err
     assert Mindscape("old-format").book_units()["golden-goose"].text.startswith("Title: ")
+
+
+@requires_data
+def test_the_names_level_says_who_is_who(built, minilm, monkeypatch) -> None:
+    """One unit per book at the names level: its main names, where each appears, and with whom;
+    embedded; a rerun writes nothing; it covers every chunk of its book beside the session and book units."""
+    store, source = built
+    assert names.build(store, minilm) == 1 and names.build(Mindscape(store.name), minilm) == 0
+    unit = store.book_units(level=Level.NAMES)[source.book]
+    row = store.summary_records([unit.id])[0]
+    assert row["level"] == Level.NAMES and unit.id == book_unit_id(source.book, Level.NAMES)
+    lines = unit.text.splitlines()
+    assert lines[0].startswith("Who is who in golden-goose") and lines[1].startswith("Dullhead: ")
+    assert re.fullmatch(r"Dullhead: \d+ mentions, \d+% to \d+% of the story; most often with [^.]+\.", lines[1])
+    np.testing.assert_allclose(store.vectors("summaries", [unit.id])[0], minilm.embed_documents([unit.text])[0], atol=1e-6)
+    books.build(store, None, minilm)
+    first = store.book_chunk_ids(source.book)[0]
+    over = store.units_over([first], (Level.SESSION, Level.BOOK, Level.NAMES))[0]
+    assert over == {Level.SESSION: session_id(source.book, 0), Level.BOOK: book_unit_id(source.book),
+                    Level.NAMES: unit.id}
+
+
+@requires_data
+def test_the_reader_reads_the_signature_in_story_order_with_each_units_place(built, minilm, monkeypatch) -> None:
+    from mia.nodes import answer
+
+    store, source = built
+    books.build(store, None, minilm)
+    names.build(store, minilm)
+    ids = [session_id(source.book, 2), book_unit_id(source.book, Level.NAMES), session_id(source.book, 0)]
+    texts = answer.signature_texts(store, ids)
+    assert [t.split("]")[0] for t in texts][0] == "[names, the whole of golden-goose"
+    assert re.match(r"\[session, 0%–\d+% of golden-goose\] ", texts[1]) and re.match(r"\[session, \d+%–\d+% of", texts[2])
+    assert int(re.search(r"(\d+)%–", texts[2]).group(1)) > 0  # the later session reads later
+    monkeypatch.setattr(answer, "SIGNATURE_TOKENS", 1)
+    assert [t[:8] for t in answer.signature_texts(store, ids)] == ["[session"]  # the best unit, even over budget

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from mia.stores.chunking import CHUNKERS, Chunker
 from mia.stores.embeddings import Embedder
 from mia.stores.ingest.sources import InputError
+from mia.stores.summaries import Faithfulness
 
 EMBED_BATCH = 64
 Summarizer = Literal["llm", "llm-excerpt", "extractive", "none"]
@@ -62,6 +63,8 @@ class IngestReport:
     summaries_from_cache: int = 0
     chunks_reused: int = 0
     """Chunks whose vector was taken from the book's stored rows instead of being embedded again."""
+    faithfulness: Faithfulness = field(default_factory=Faithfulness)
+    """What the chat model's summaries named and repeated, and what grounding dropped (this run's calls)."""
     seconds: dict[str, float] = field(default_factory=lambda: {"chunking": 0.0, "embedding": 0.0, "summarising": 0.0, "writing": 0.0})
 
 

@@ -5,8 +5,8 @@ a book whose recorded hash matches is skipped without any model call; a book's c
 (``chunks``, ``sessions``) are written under deterministic ids between a pending record (which keeps
 its place in the series) and its committed record (``stores/commits.py``), so a run killed at any
 point leaves only rows that readers ignore and the next run deletes and rewrites, in the same order.
-The book level (``books``) is written once every book is committed, so the first answer never waits
-for it.
+The whole-book levels (``books``, ``names``) are written once every book is committed, so the first
+answer never waits for them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mia.stores.book_card import DEFAULT_CARDS, CardMode
 from mia.stores.chroma import MindscapeError, chroma_client, list_mindscapes, validate_name
 from mia.stores.commits import PENDING
 from mia.stores.embeddings import Embedder, load_embedder
-from mia.stores.ingest import books, chunks, sessions
+from mia.stores.ingest import books, chunks, names, sessions
 from mia.stores.ingest.chunks import book_span
 from mia.stores.ingest.options import LLM_SUMMARIZERS, IngestOptions, IngestReport, Progress, ProgressHook
 from mia.stores.ingest.sources import InputError, Source, collect_sources
@@ -140,6 +140,8 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
         progress.tell("book cards", 0, 1)
         books.build(store, card_model, embedder, cache, progress=progress.bars)
         progress.tell("book cards", 1, 1)
+    if store is not None:
+        names.build(store, embedder)
     return report
 
 
