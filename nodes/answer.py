@@ -100,9 +100,11 @@ def signature_texts(store: Mindscape, ids: Sequence[str]) -> list[str]:
 
     def place(r: dict[str, Any]) -> tuple[int, str]:
         record = committed.get(r["book"], {})
-        start, end = int(record.get("body_start", 0)), int(record.get("body_end", 0)) or 1
         if r["level"] != Level.SESSION:
             return -1, f"{r['level']}, the whole of {r['book']}"
+        if "body_end" not in record:  # a book ingested before its span was recorded: no share to give
+            return int(r["start"]), f"session of {r['book']}"
+        start, end = int(record.get("body_start", 0)), int(record["body_end"])
         share = lambda at: 100 * (int(at) - start) // max(end - start, 1)  # noqa: E731
         return share(r["start"]), f"session, {share(r['start'])}%–{share(r['end'])}% of {r['book']}"
 

@@ -66,8 +66,9 @@ def find_body(text: str) -> Body:
 
 _PUNCTUATION = re.compile(r"[^\w\s]")
 _CONTENTS = re.compile(r"^[ \t]*(?:table of )?contents\.?[ \t]*$", re.IGNORECASE | re.MULTILINE)
-CONTENTS_WITHIN = 20_000
-"""How far into the book a table of contents may start (characters)."""
+CONTENTS_WITHIN = 1_500
+"""How far into the book a table of contents may start (characters): a title page is cut with it,
+a preface or an introduction before it is not, so a later table is left alone."""
 MAX_ENTRIES = 200
 
 

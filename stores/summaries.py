@@ -183,13 +183,15 @@ _CAPITALISED = re.compile(r"(?<![\w'’])[A-Z][a-z][\w'’-]*")
 def _names(sentence: str, source: str) -> list[str]:
     """The capitalised words of a sentence that name someone or somewhere: every one but its first
     word, and the first too when the source never uses it in lower case ("Later" is a word, "Murray"
-    a name)."""
+    a name), unless it reads as an opener (followed by a comma, or an adverb in -ly: "Overall,",
+    "Eventually")."""
     found = []
-    for n, match in enumerate(_CAPITALISED.finditer(sentence)):
+    for match in _CAPITALISED.finditer(sentence):
         word = match.group().rstrip("'’").removesuffix("'s").removesuffix("’s")
-        at_start = not sentence[:match.start()].strip(" \"“‘(")
-        if at_start and re.search(rf"(?<!\w){re.escape(word.lower())}(?!\w)", source):
-            continue
+        if not sentence[:match.start()].strip(" \"“‘(-*•"):  # it opens the sentence
+            opener = sentence[match.end():match.end() + 1] == "," or word.endswith("ly")  # "Meanwhile,", "Eventually"
+            if opener or re.search(rf"(?<!\w){re.escape(word.lower())}(?!\w)", source):
+                continue
         found.append(word)
     return found
 

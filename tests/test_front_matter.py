@@ -19,7 +19,9 @@ WITH_CONTENTS = [
 ]
 WITHOUT = ["books/austen/emma.txt", "literaryqa/texts/siddhartha.txt", "literaryqa/texts/the_picture_of_dorian_gray.txt",
            # A cast of characters in wrapped prose follows its table: nothing is cut rather than too much.
-           "books/poirot/the_mystery_of_the_blue_train.txt"]
+           "books/poirot/the_mystery_of_the_blue_train.txt",
+           # A preface comes before its table: the book keeps both rather than lose the preface.
+           "books/holmes/the_case_book_of_sherlock_holmes.txt"]
 
 
 def _text(book: str) -> str:
@@ -53,3 +55,6 @@ def test_hand_made_tables() -> None:
     # Fewer than three entries before a repeat, or no repeat at all: nothing is cut.
     assert contents_end("Contents\nOne\nOne\nTwo\n", 0, 21) is None
     assert contents_end("Contents\nOne\nTwo\nThree\nFour\n", 0, 28) is None
+    # A table after a preface (more than a title page before it) is left alone, preface and all.
+    prefaced = "A preface. " * 200 + "\n" + table
+    assert contents_end(prefaced, 0, len(prefaced)) is None

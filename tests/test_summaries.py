@@ -143,6 +143,10 @@ def test_grounding_drops_invented_names_and_repeated_sentences() -> None:
     again, recheck = summ.grounded(kept, source)
     assert again == kept and recheck.share == 1.0 and recheck.dropped == 0
     assert summ.grounded("", source) == ("", summ.Faithfulness())
+    # An opener the window never writes is not a name: "Overall," and "Eventually" keep their sentences,
+    # as does a bullet's first word; an invented name opening a sentence does not.
+    openers = "Overall, Holmes waited. Eventually Gregson came. - Meanwhile, Watson slept. Murray left."
+    assert summ.grounded(openers, source)[0] == "Overall, Holmes waited. Eventually Gregson came. - Meanwhile, Watson slept."
 
 
 @pytest.mark.slow

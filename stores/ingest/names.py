@@ -27,8 +27,9 @@ def render(book: str, text: str, chunk_texts: list[str], start: int, end: int) -
     """The unit's text: the book's main names, most mentioned first, each with its mentions, its
     first and last place in the book (as a share of the story) and the names it shares chunks with most."""
     entries = name_index(text, NAMES)
+    header = f"Who is who in {book} (its most named names, where they appear in the story, and with whom):"
     if not entries:
-        return ""
+        return f"{header}\nno name is mentioned often."
     span = max(end - start, 1)
     # Longest first, each found mention blanked, so "Jane" is not counted inside "Emma Jane".
     patterns = {e.name: re.compile(rf"(?<!\w){re.escape(e.name)}(?!\w)") for e in sorted(entries, key=lambda e: -len(e.name))}
@@ -40,7 +41,7 @@ def render(book: str, text: str, chunk_texts: list[str], start: int, end: int) -
             present += [name] if found else []
         for name in present:
             together[name].update(other for other in present if other != name)
-    lines = [f"Who is who in {book} (its most named names, where they appear in the story, and with whom):"]
+    lines = [header]
     for e in entries:
         where = f"{100 * (e.first - start) // span}% to {100 * (e.last - start) // span}% of the story"
         often = ", ".join(name for name, _ in together[e.name].most_common(WITH))
@@ -60,10 +61,8 @@ def build(store: Mindscape, embedder: Embedder) -> int:
         record = records[book]
         start, end = int(record.get("body_start", 0)), int(record.get("body_end", 0))
         chunks = [r["text"] for r in store.chunk_records(store.book_chunk_ids(book))]
-        text = render(book, store.book_text(book), chunks, start, end or len(store.book_text(book)))
-        if text:
-            units.append(Unit(Level.NAMES, book_unit_id(book, Level.NAMES), book, (start, end)))
-            texts.append(text)
+        units.append(Unit(Level.NAMES, book_unit_id(book, Level.NAMES), book, (start, end)))
+        texts.append(render(book, store.book_text(book), chunks, start, end or len(store.book_text(book))))
     if units:
         store.upsert("summaries", [u.id for u in units], embedder.embed_documents(texts), texts,
                      [{**u.metadata(), "hash": str(records[u.book].get("hash"))} for u in units])
