@@ -18,7 +18,8 @@ from mia.stores.chat import chat_model_name
 from mia.stores.embeddings import Embedder
 from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import SummaryCache
-from mia.stores.units import Level, Unit, book_unit_id, session_id
+from mia.stores.ingest.options import write_book_units
+from mia.stores.units import Level, session_id
 
 
 def build(store: Mindscape, llm: BaseChatModel | None, embedder: Embedder, cache: SummaryCache | None = None,
@@ -46,13 +47,6 @@ def build(store: Mindscape, llm: BaseChatModel | None, embedder: Embedder, cache
 
 
 def write(store: Mindscape, cards: list[BookCard], embedder: Embedder) -> None:
-    """Store each card as its book's unit, for the committed version of the book, embedded in one call."""
-    if not cards:
-        return
-    records = store.commits.committed()
-    texts = [card.text() for card in cards]
-    units = [Unit(Level.BOOK, book_unit_id(c.book), c.book,
-                  (int(records[c.book].get("body_start", 0)), int(records[c.book].get("body_end", 0)))) for c in cards]
-    store.upsert("summaries", [u.id for u in units], embedder.embed_documents(texts), texts,
-                 [{**u.metadata(), "hash": str(records[u.book].get("hash")), "card": card.to_json()}
-                  for u, card in zip(units, cards)])
+    """Store each card as its book's unit: the card's one rendering, embedded, and the card."""
+    write_book_units(store, Level.BOOK, {card.book: card.text() for card in cards}, embedder,
+                     {card.book: {"card": card.to_json()} for card in cards})

@@ -15,7 +15,8 @@ from collections import Counter
 from mia.stores.book_card import name_index
 from mia.stores.embeddings import Embedder
 from mia.stores.mindscape import Mindscape
-from mia.stores.units import Level, Unit, book_unit_id
+from mia.stores.ingest.options import write_book_units
+from mia.stores.units import Level
 
 NAMES = 12
 """Main names per book in its unit."""
@@ -54,16 +55,11 @@ def build(store: Mindscape, embedder: Embedder) -> int:
     a rerun writes nothing. Returns how many units were written."""
     current = store.book_units(level=Level.NAMES)
     records = store.commits.committed()
-    units, texts = [], []
-    for book in store.commits.ordered():
-        if book in current:
-            continue
-        record = records[book]
-        start, end = int(record.get("body_start", 0)), int(record.get("body_end", 0))
+    texts = {}
+    for book in (b for b in store.commits.ordered() if b not in current):
+        text = store.book_text(book)
+        start, end = int(records[book].get("body_start", 0)), int(records[book].get("body_end", 0)) or len(text)
         chunks = [r["text"] for r in store.chunk_records(store.book_chunk_ids(book))]
-        units.append(Unit(Level.NAMES, book_unit_id(book, Level.NAMES), book, (start, end)))
-        texts.append(render(book, store.book_text(book), chunks, start, end or len(store.book_text(book))))
-    if units:
-        store.upsert("summaries", [u.id for u in units], embedder.embed_documents(texts), texts,
-                     [{**u.metadata(), "hash": str(records[u.book].get("hash"))} for u in units])
-    return len(units)
+        texts[book] = render(book, text, chunks, start, end)
+    write_book_units(store, Level.NAMES, texts, embedder)
+    return len(texts)

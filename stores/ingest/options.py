@@ -12,7 +12,9 @@ from tqdm import tqdm
 from mia.stores.chunking import CHUNKERS, Chunker
 from mia.stores.embeddings import Embedder
 from mia.stores.ingest.sources import InputError
+from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import Faithfulness
+from mia.stores.units import Level, Unit, book_unit_id
 
 EMBED_BATCH = 64
 Summarizer = Literal["llm", "llm-excerpt", "extractive", "none"]
@@ -107,3 +109,17 @@ class LevelRows:
     vectors: np.ndarray
     texts: list[str]
     metadatas: list[dict[str, Any]]
+
+
+def write_book_units(store: Mindscape, level: Level, texts: dict[str, str], embedder: Embedder,
+                     extra: dict[str, dict[str, Any]] | None = None) -> None:
+    """Store ``texts`` (book → text) as the books' units of a whole-book ``level``, embedded in one
+    call, each for the committed version of its book (its hash), with ``extra`` metadata per book."""
+    if not texts:
+        return
+    records = store.commits.committed()
+    units = [Unit(level, book_unit_id(book, level), book,
+                  (int(records[book].get("body_start", 0)), int(records[book].get("body_end", 0)))) for book in texts]
+    store.upsert("summaries", [u.id for u in units], embedder.embed_documents(list(texts.values())), list(texts.values()),
+                 [{**u.metadata(), "hash": str(records[u.book].get("hash")), **(extra or {}).get(u.book, {})}
+                  for u in units])

@@ -78,18 +78,16 @@ def build(source: Source, chunks: BookChunks, options: IngestOptions, embedder: 
         text = cache.get(key)
         if text is not None:
             report.summaries_from_cache += 1
-        elif options.summarizer in LLM_SUMMARIZERS:
-            excerpt = options.summarizer == "llm-excerpt"
-            passage = summ.excerpt([c.text for c in window], embedder) if excerpt else window_text
-            written, _ = summ.llm_summary(llm, passage, source.book, j + 1, len(windows), excerpt=excerpt)
-            text, check = summ.grounded(written, window_text)
-            report.llm_calls += 1
-            report.faithfulness.add(check)
-            # Nothing faithful left: the window's extractive summary, which only copies its text.
-            text = text or summ.extractive_summary([c.text for c in window], chunks.vectors[window[0].index : window[-1].index + 1])
-            cache.put(key, text)
         else:
-            text = summ.extractive_summary([c.text for c in window], chunks.vectors[window[0].index : window[-1].index + 1])
+            if options.summarizer in LLM_SUMMARIZERS:
+                excerpt = options.summarizer == "llm-excerpt"
+                passage = summ.excerpt([c.text for c in window], embedder) if excerpt else window_text
+                written, _ = summ.llm_summary(llm, passage, source.book, j + 1, len(windows), excerpt=excerpt)
+                text, check = summ.grounded(written, window_text)
+                report.llm_calls += 1
+                report.faithfulness.add(check)
+            # Extractive, or nothing faithful left of the model's: the window's sentences, copied.
+            text = text or summ.extractive_summary([c.text for c in window], chunks.vectors[window[0].index : window[-1].index + 1])
             cache.put(key, text)
         texts.append(text or window_text[:500])
         progress.tell(f"summarising {source.book}", j + 1, len(windows))
