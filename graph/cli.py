@@ -75,6 +75,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"{report.summaries} summaries ({report.summaries_from_cache} from cache), "
         f"{report.llm_calls} LLM calls, {elapsed:.1f}s"
     )
+    written = [(level, check) for level, check in report.faithfulness.items() if check.sentences]
+    if written:  # what the chat model wrote this run, and how much of it its sources bear out
+        print("written: " + ", ".join(f"{level} names in their source {check.grounded}/{check.names}, "
+                                      f"{check.repeated} repeated and {check.dropped} dropped of {check.sentences} sentences"
+                                      for level, check in written)
+              + (f"; {report.parts} parts, {report.stories} stories" if report.stories else ""))
     return 0
 
 
@@ -105,6 +111,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
                   f"{b['tokens']} tokens{left_out}{flagged}")
             if b["card_text"]:
                 print("       card: " + b["card_text"].replace("\n", "\n             "))
+            if b["story"]:
+                print(f"       story (written from {b['parts']} parts): {b['story']}")
     return 0
 
 

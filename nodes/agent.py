@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 from mia import prompts
 from mia.nodes import resources
 from mia.nodes.answer import generate as answer_with
-from mia.nodes.answer import options_for, reader_input, signature_texts, usage_of
+from mia.nodes.answer import options_for, reader_input, signature_units, usage_of
 from mia.nodes.context import AgentGraphSettings, AgentSettings, MiaAgentSettings
 from mia.nodes.question import prepare as prepare_question
 from mia.nodes.signature_init import initial_signature
@@ -257,7 +257,7 @@ def generate(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> dict[st
     store = resources.mindscape(ctx)
     chunks, cards = reader_input(store, [r["id"] for r in state.get("retrieved", [])][: ctx.top_k], ctx)
     sig_ids = [s["id"] for s in state.get("signature") or []] if "sig" in ctx.answer_inputs else []
-    signature = signature_texts(store, sig_ids) if sig_ids else []
+    signature = signature_units(store, sig_ids) if sig_ids else []
     evidence = [e["fact"] for e in state.get("evidence") or []] if "evi" in ctx.answer_inputs else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard,

@@ -85,10 +85,11 @@ SIGNATURE_TOKENS = 1500
 """The most the signature's units add to the reader's prompt; the signature's last units give way first."""
 
 
-def signature_texts(store: Mindscape, ids: Sequence[str]) -> list[str]:
-    """The signature's units as the reader reads them: in story order (sessions by their place in
-    their book, the whole-book units first), each headed by where it stands ("session, 12%–15% of
-    rebecca-of-sunnybrook-farm"), within ``SIGNATURE_TOKENS``."""
+def signature_units(store: Mindscape, ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The signature's units as the reader reads them: in story order (sessions and parts by their
+    place in their book, the whole-book units first), each with ``where`` it stands ("session,
+    12%–15% of rebecca-of-sunnybrook-farm"), within ``SIGNATURE_TOKENS``; ``{id, book, level, where,
+    text}`` each, so an answer can cite the one that holds it."""
     records = store.summary_records(ids)
     committed = store.commits.committed()
     kept, used = [], 0
@@ -100,16 +101,22 @@ def signature_texts(store: Mindscape, ids: Sequence[str]) -> list[str]:
 
     def place(r: dict[str, Any]) -> tuple[int, str]:
         record = committed.get(r["book"], {})
-        if r["level"] != Level.SESSION:
+        if r["level"] not in (Level.SESSION, Level.PART):
             return -1, f"{r['level']}, the whole of {r['book']}"
         if "body_end" not in record:  # a book ingested before its span was recorded: no share to give
-            return int(r["start"]), f"session of {r['book']}"
+            return int(r["start"]), f"{r['level']} of {r['book']}"
         start, end = int(record.get("body_start", 0)), int(record["body_end"])
         share = lambda at: 100 * (int(at) - start) // max(end - start, 1)  # noqa: E731
-        return share(r["start"]), f"session, {share(r['start'])}%–{share(r['end'])}% of {r['book']}"
+        return share(r["start"]), f"{r['level']}, {share(r['start'])}%–{share(r['end'])}% of {r['book']}"
 
     placed = sorted(((place(r), r) for r in kept), key=lambda p: (p[1]["book"], p[0][0]))
-    return [f"[{where}] {r['text']}" for (_, where), r in placed]
+    return [{"id": r["id"], "book": r["book"], "level": str(r["level"]), "where": where, "text": r["text"]}
+            for (_, where), r in placed]
+
+
+def signature_lines(units: Sequence[dict[str, Any]]) -> list[str]:
+    """The units as the prompt shows them: each headed by its place."""
+    return [f"[{u['where']}] {u['text']}" for u in units]
 
 
 def memory_block(signature: Sequence[str] = (), evidence: Sequence[str] = (), guard: bool = True,
@@ -354,6 +361,20 @@ def card_citations(cards: Sequence[dict[str, str]], answer: str) -> list[dict[st
     return cites
 
 
+def summary_citations(units: Sequence[dict[str, Any]], answer: str) -> list[dict[str, Any]]:
+    """The signature unit the reader was given whose sentence holds every word of the answer
+    (stemmed, stopwords dropped), cited by that sentence: "who narrates" is answered by the story,
+    not by a passage. The first such unit in the signature's reading order; none when no unit holds
+    the answer, or the answer says nothing."""
+    needed = set(tokenize(answer, stem=True))
+    for unit in units if needed else ():
+        for a, b in sentence_spans(unit["text"]):
+            if needed <= set(tokenize(unit["text"][a:b], stem=True)):
+                return [{"n": "summary", "id": unit["id"], "book": unit["book"], "level": unit["level"], "where": unit["where"],
+                         "cited_by_model": False, "holds_answer": True, "sentences": [{"text": unit["text"][a:b]}]}]
+    return []
+
+
 def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
     """The chat reply: the answer with its sources and the sentence each supports it with,
     readable in any chat frontend."""
@@ -365,6 +386,7 @@ def reply_text(answer: str, cites: Sequence[dict[str, Any]]) -> str:
         return f" “{said[:QUOTE_CHARS - 1] + '…' if len(said) > QUOTE_CHARS else said}”" if said else ""
 
     sources = "; ".join(f"[card] {c['book']}'s card{quote(c)}" if c.get("card") else
+                        f"[summary] {c['where']}{quote(c)}" if c["n"] == "summary" else
                         f"[{c['n']}] {c['book']}, chunk {c['chunk']} (chars {c['start']}–{c['end']}){quote(c)}" for c in cites)
     return f"{answer}{SOURCES_MARKER} {sources}"
 
@@ -382,7 +404,7 @@ def without_material(answer: str) -> dict[str, Any]:
 
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
-             options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
+             options: Sequence[str] = (), signature: Sequence[dict[str, Any]] = (), evidence: Sequence[str] = (),
              node: str = "generate", guard: bool = True, cards: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     """Answer and the state update every graph's final node returns.
 
@@ -390,17 +412,18 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
     is rejected: the model answers once more without the suspect sentences, and if that answer is
     traced too, the reply says no reliable answer was found. Clean material never pays the retry.
     """
-    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, signature, evidence, guard, cards),
+    lines = signature_lines(signature)
+    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, lines, evidence, guard, cards),
                                    fmt, question, node)
     answer = normalise_answer(text, fmt, len(options))
     report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
-    material = [c["text"] for c in chunks] + list(signature) + [c["text"] for c in cards]  # the source's text, not the model's notes
+    material = [c["text"] for c in chunks] + lines + [c["text"] for c in cards]  # the source's text, not the model's notes
     known = [injection.decode(c.get("guard_trace", "")) for c in chunks]
     if guard and fmt == "open" and injection.planted(answer, material, (question,), known):
         report["rejected"] = [answer]
         stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
         text, message_id, retry_usage = _ask(
-            llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in signature], evidence,
+            llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in lines], evidence,
                                  guard, [{**c, "text": injection.strip_suspect(c["text"])} for c in cards]), fmt, question, node)
         usage = merge_usage(usage, retry_usage)
         answer = normalise_answer(text, fmt, len(options))
@@ -411,7 +434,10 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
     # FALSE) the claim itself, which is the question.
     said = (answer if fmt == "open" and answer != NO_RELIABLE_ANSWER
             else options[LETTERS.index(answer)] if fmt == "choice" and len(answer) == 1 and answer in LETTERS[:len(options)] else "")
-    cites = citations(text, chunks, question, said) + card_citations(cards, said)
+    cites = citations(text, chunks, question, said)
+    summary = summary_citations(signature, said)
+    # A summary that holds the answer's words leads when no passage given holds them: its place in the story is the source.
+    cites = (summary + cites if summary and not any(c["holds_answer"] for c in cites) else cites + summary) + card_citations(cards, said)
     for cite in cites:  # the reply's markers follow a citation moved to the passage that holds the answer
         if "moved_from" in cite:
             text = text.replace(f"[{cite['moved_from']}]", f"[{cite['n']}]")

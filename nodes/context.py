@@ -211,8 +211,8 @@ class SignatureSettings(GraphSettings):
     k_sum: int = _setting(5, "Session summaries in the signature that steers retrieval; more steers it more broadly.",
                           minimum=1)
     signature_levels: SignatureLevels = _setting(
-        "sessions", "Units the signature is chosen from besides the session summaries: each book's card (books) and its "
-        "who-is-who (names)."
+        "sessions", "Units the signature is chosen from besides the session summaries: written parts and whole-book "
+        "story, each book's card (books), its who-is-who (names)."
     )
 
 

@@ -8,7 +8,7 @@ from langgraph.runtime import Runtime
 
 from mia.nodes import resources
 from mia.nodes.answer import generate as answer_with
-from mia.nodes.answer import options_for, reader_input, signature_texts
+from mia.nodes.answer import options_for, reader_input, signature_units
 from mia.nodes.context import (MiaRagSettings, RagSettings, StaticSettings)
 from mia.nodes.retrieval import Fusion, as_scored, query_only, signature_ranking
 from mia.nodes.signature_init import initial_signature
@@ -61,7 +61,7 @@ def _answer(state: QAState, ctx: RagSettings | MiaRagSettings, with_signature: b
     store = resources.mindscape(ctx)
     chunks, cards = reader_input(store, [r["id"] for r in state.get("retrieved", [])], ctx)
     sig_ids = [s["id"] for s in state.get("signature") or []] if with_signature else []
-    signature = signature_texts(store, sig_ids) if sig_ids else []
+    signature = signature_units(store, sig_ids) if sig_ids else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature, guard=ctx.injection_guard,
                        cards=cards)

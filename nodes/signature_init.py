@@ -12,7 +12,7 @@ from mia.nodes import resources
 from mia.nodes.context import SignatureGraphSettings
 from mia.nodes.retrieval import Fusion, as_scored, query_only
 from mia.nodes.signature import coverage_aware, first_k, summary_pool
-from mia.stores.units import SIGNATURE_LEVELS, WHOLE_BOOK_LEVELS
+from mia.stores.units import BUILT_BY, SIGNATURE_LEVELS, Level
 from mia.stores.vector_index import ChunkHit
 
 
@@ -28,8 +28,8 @@ def initial_signature(question: str, ctx: SignatureGraphSettings) -> dict[str, A
 def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[ChunkHit],
                      ctx: SignatureGraphSettings) -> list[dict[str, Any]]:
     """InitSignature (``signature_init``) over the ranked step-0 hits. Under ``signature_levels``
-    sessions+books a chunk is covered by its session and by its book's unit, the paper's overcomplete
-    memory: coverage then overlaps, and a book unit competes with the sessions it spans."""
+    sessions+parts+story a chunk is covered by its session, its part and its book's story, the paper's
+    overcomplete memory: coverage then overlaps, and a unit competes with the units below it that it spans."""
     covered = [h for h in step0 if h.summary_id]
     if step0 and not covered:
         raise resources.MindscapeError(
@@ -37,11 +37,11 @@ def select_signature(store: Any, question: str, query_vec: Any, step0: Sequence[
         )
     levels = SIGNATURE_LEVELS[ctx.signature_levels]
     owners = store.units_over([h.id for h in covered], levels)
-    lacking = [level for level in levels if level in WHOLE_BOOK_LEVELS and not any(level in units for units in owners)]
+    lacking = [level for level in levels if level != Level.SESSION and not any(level in units for units in owners)]
     if covered and lacking:
         raise resources.MindscapeError(
             f"signature_levels {ctx.signature_levels} needs {lacking[0]} units, and the books of collection {store.name!r} "
-            "that the question reached have none: rerun `mia ingest` on them (with --cards names or llm for books) to write them"
+            f"that the question reached have none: rerun `mia ingest` on them with {BUILT_BY[lacking[0]]} to write them"
         )
     level_of = {unit: level for units in owners for level, unit in units.items()}
     ranked_summaries = [list(units.values()) for units in owners]

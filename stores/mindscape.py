@@ -1,7 +1,7 @@
 """The mindscape in Chroma: the small façade the nodes, ingestion and the harness use.
 
 One mindscape NAME is four Chroma collections in cosine space: ``NAME__chunks`` (the chunk level),
-``NAME__summaries`` (the units above it: sessions and books, each row naming its level,
+``NAME__summaries`` (the units above it: sessions, parts and whole-book units, each row naming its level,
 ``stores/units.py``), ``NAME__books`` (the commit rows, ``stores/commits.py``) and ``NAME__texts``
 (the books' texts). Which chunks a unit covers is read from the book's commit row, not queried;
 the vectors questions read are held per process (``stores/vector_index.py``).
@@ -17,8 +17,8 @@ import numpy as np
 
 from mia.stores.chroma import COSINE, MindscapeError, chroma_client, list_mindscapes, validate_name
 from mia.stores.commits import PENDING, BookNotCommitted, Commits
-from mia.stores.units import (LEVEL, WHOLE_BOOK_LEVELS, Level, book_unit_id, chunk_book, level_of, session_chunks,
-                              session_of, session_parts)
+from mia.stores.units import (LEVEL, WHOLE_BOOK_LEVELS, Level, book_unit_id, chunk_book, level_of, part_of,
+                              session_chunks, session_of, session_parts)
 from mia.stores.vector_index import ChunkHit, LevelVectors, level_vectors, nearest
 from mia.stores.writer_lock import store_path, writer_lock
 
@@ -35,6 +35,7 @@ class BookUnit:
     book: str
     text: str
     card: str
+    metadata: dict[str, Any]
 
 
 class Mindscape:
@@ -101,7 +102,7 @@ class Mindscape:
         if not wanted:
             return {}
         got = self.summaries.get(ids=[book_unit_id(b, level) for b in wanted], include=["documents", "metadatas"])
-        return {m["book"]: BookUnit(i, m["book"], text, m.get("card", ""))
+        return {m["book"]: BookUnit(i, m["book"], text, m.get("card", ""), m)
                 for i, text, m in zip(got["ids"], got["documents"], got["metadatas"])
                 if (m.get("card") or level != Level.BOOK) and str(committed[m["book"]].get("hash")) == m.get("hash")}
 
@@ -184,13 +185,21 @@ class Mindscape:
 
     def units_over(self, chunk_ids: Sequence[str], levels: Sequence[Level]) -> list[dict[Level, str]]:
         """Per chunk, the unit of each of ``levels`` (above the chunks) that covers it, lowest level
-        first: with several levels coverage overlaps, the paper's overcomplete memory."""
+        first: with several levels coverage overlaps, the paper's overcomplete memory. A book's parts
+        count once its story is current (written after them, it records how they were cut)."""
         books = [chunk_book(c) for c in chunk_ids]
-        sessions = self.summary_of(chunk_ids) if Level.SESSION in levels else [""] * len(chunk_ids)
-        found = {level: self.book_units(books, level) for level in levels if level in WHOLE_BOOK_LEVELS}
-        return [{level: unit for level, unit in ((Level.SESSION, session), *((lv, f[book].id if book in f else "")
-                                                                            for lv, f in found.items())) if unit}
-                for book, session in zip(books, sessions)]
+        sessions = self.summary_of(chunk_ids)
+        whole = {level: self.book_units(books, level) for level in (*levels, *((Level.STORY,) if Level.PART in levels else ()))
+                 if level in WHOLE_BOOK_LEVELS}
+        stories = whole.get(Level.STORY, {})
+        found = []
+        for book, session in zip(books, sessions):
+            units = {Level.SESSION: session if Level.SESSION in levels else ""}
+            if Level.PART in levels and session and book in stories:
+                units[Level.PART] = part_of(session, int(stories[book].metadata.get("sessions_per_part", 1)))
+            units.update({level: whole[level][book].id for level in levels if level in whole and book in whole[level]})
+            found.append({level: unit for level, unit in units.items() if unit})
+        return found
 
     def session_members(self, summary_ids: Sequence[str]) -> list[tuple[str, str]]:
         """(chunk id, session id) of every committed chunk in the given sessions, session by session,
@@ -202,7 +211,7 @@ class Mindscape:
     def stats(self) -> dict[str, Any]:
         rows = self.commits.records(pending=True)
         records = {b: r for b, r in rows.items() if not r.get(PENDING)}
-        units = self.book_units(list(records))
+        units, stories = self.book_units(list(records)), self.book_units(list(records), Level.STORY)
         count = lambda key: sum(int(r[key]) for r in records.values())  # noqa: E731
         return {
             "collection": self.name,
@@ -211,7 +220,9 @@ class Mindscape:
                 {"book": b, "order": r["order"], "chunks": r["chunks"], "summaries": r["summaries"], "tokens": r["tokens"],
                  "chunker": r.get("chunker", "window"), "left_out_tokens": r.get("left_out_tokens", 0),
                  "instruction_spans": r.get("instruction_spans", 0),
-                 "card": json.loads(units[b].card) if b in units else None, "card_text": units[b].text if b in units else ""}
+                 "card": json.loads(units[b].card) if b in units else None, "card_text": units[b].text if b in units else "",
+                 "parts": int(stories[b].metadata.get("parts", 0)) if b in stories else 0,
+                 "story": stories[b].text if b in stories else ""}
                 for b, r in sorted(records.items(), key=lambda item: item[1]["order"])
             ],
             "chunks": count("chunks"), "summaries": count("summaries"), "tokens": count("tokens"),

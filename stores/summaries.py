@@ -95,19 +95,15 @@ def llm_summary(llm: BaseChatModel, passage: str, book: str, part: int, parts: i
                 excerpt: bool = False) -> tuple[str, dict[str, int]]:
     """Summarise one window (or its :func:`excerpt`) with the chat model, under a bounded decoding
     that penalises repeats; returns the model's text (not yet ``grounded``) and the call's token usage."""
-    reply = llm.invoke(
-        prompts.messages(
-            "summary",
-            book=book,
-            part=str(part),
-            parts=str(parts),
-            passage=prompts.fence(passage),
-            scope=EXCERPT_SCOPE if excerpt else "",
-            words=str(SUMMARY_WORDS),
-        ),
-        max_tokens=SUMMARY_TOKENS,
-        frequency_penalty=FREQUENCY_PENALTY,
-    )
+    return write(llm, "summary", SUMMARY_TOKENS, book=book, part=str(part), parts=str(parts), passage=prompts.fence(passage),
+                 scope=EXCERPT_SCOPE if excerpt else "", words=str(SUMMARY_WORDS))
+
+
+def write(llm: BaseChatModel, template: str, max_tokens: int, **values: str) -> tuple[str, dict[str, int]]:
+    """One summary of the written memory (a session, a part, a book's story) from ``prompts/TEMPLATE.md``,
+    under the decoding every level shares: a token budget that cuts a loop, and a frequency penalty
+    that fades it. Returns the model's text (not yet ``grounded``) and the call's token usage."""
+    reply = llm.invoke(prompts.messages(template, **values), max_tokens=max_tokens, frequency_penalty=FREQUENCY_PENALTY)
     usage = reply.usage_metadata or {}
     return reply.text.strip(), {"input_tokens": usage.get("input_tokens", 0), "output_tokens": usage.get("output_tokens", 0)}
 

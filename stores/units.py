@@ -2,8 +2,11 @@
 
 A mindscape is a hierarchy over each book, built bottom-up by ingestion (``stores/ingest``, one
 builder a level): **chunks** (passages), **sessions** (a summary of a window of consecutive chunks),
-and two units over each whole book: **books** (its card's text) and **names** (who is who: its main
-names, where in the story each appears, and with whom). Every stored row carries its level in
+**parts** (a summary the chat model writes of every few consecutive session summaries) and three
+units over each whole book: **story** (the plot of the whole book, written from its parts: the top of
+the written tree, built bottom-up along the story as RAPTOR builds its tree by similarity),
+**books** (its card's text) and **names** (who is who: its main names, where in the story each
+appears, and with whom). Every stored row carries its level in
 its metadata, so the selection's coverage, E2's filter and the reader ask a unit its level, never
 its id. Ids are made here, and parsed here only for a position (chunk i, session j of a book),
 which the store turns into coverage from the book's commit row without a query.
@@ -29,18 +32,33 @@ class Level(StrEnum):
 
     CHUNK = "chunk"
     SESSION = "session"
+    PART = "part"
+    STORY = "story"
     BOOK = "book"
     NAMES = "names"
 
 
-WHOLE_BOOK_LEVELS = (Level.BOOK, Level.NAMES)
-"""The levels with one unit per book, written after the book is committed (``stores/ingest/books.py``,
-``names.py``): each carries the hash of the book version it was made for."""
+WHOLE_BOOK_LEVELS = (Level.STORY, Level.BOOK, Level.NAMES)
+"""The levels with one unit per book, written after the book is committed (``stores/ingest/story.py``,
+``books.py``, ``names.py``): each carries the hash of the book version it was made for."""
 
-SignatureLevels = Literal["sessions", "sessions+books", "sessions+names", "sessions+books+names"]
+WRITTEN_ABOVE_SESSIONS = (Level.PART, Level.STORY)
+"""The written tree above the sessions (``stores/ingest/story.py``): a book's parts are current when
+its story unit is, which is written after them and records how many sessions a part holds."""
+
+BUILT_BY = {
+    Level.PART: "--summarizer llm-excerpt (or llm)", Level.STORY: "--summarizer llm-excerpt (or llm)",
+    Level.BOOK: "--cards names (or llm)", Level.NAMES: "any `mia ingest`",
+}
+"""How a user gets a level's units written, for the message that says they are missing."""
+
+SignatureLevels = Literal["sessions", "sessions+books", "sessions+names", "sessions+books+names",
+                          "sessions+parts+story", "sessions+parts+story+names"]
 SIGNATURE_LEVELS: dict[str, tuple[Level, ...]] = {
     "sessions": (Level.SESSION,), "sessions+books": (Level.SESSION, Level.BOOK),
     "sessions+names": (Level.SESSION, Level.NAMES), "sessions+books+names": (Level.SESSION, Level.BOOK, Level.NAMES),
+    "sessions+parts+story": (Level.SESSION, Level.PART, Level.STORY),
+    "sessions+parts+story+names": (Level.SESSION, Level.PART, Level.STORY, Level.NAMES),
 }
 """The ``signature_levels`` setting's values and the levels each lets the signature choose from."""
 
@@ -75,6 +93,18 @@ def chunk_id(book: str, index: int) -> str:
 def session_id(book: str, window: int) -> str:
     """The id of session ``window`` of ``book``."""
     return f"{book}:s{window:05d}"
+
+
+def part_id(book: str, part: int) -> str:
+    """The id of part ``part`` of ``book``."""
+    return f"{book}:p{part:04d}"
+
+
+def part_of(session: str, sessions_per_part: int) -> str:
+    """The id of the part that holds ``session`` (a ``session_id``), its book's parts holding
+    ``sessions_per_part`` consecutive sessions each."""
+    book, j = session_parts(session)
+    return part_id(book, j // sessions_per_part) if j is not None else ""
 
 
 def book_unit_id(book: str, level: Level = Level.BOOK) -> str:

@@ -209,3 +209,17 @@ def test_a_card_is_cited_by_its_line_that_holds_the_answer() -> None:
     assert card_citations([card], "Lestrade") == [] and card_citations([card], "") == []
     assert card_citations([{**card, "text": "Most named: Lestrade (47)"}], "Lestrade") == []  # counts say nothing
     assert reply_text("Dr. Watson", cites).endswith("Sources: [card] a-study-in-scarlet's card “Narrator: John H. Watson (first person)”")
+
+
+def test_a_summary_that_holds_the_answer_is_cited_first_when_no_passage_does() -> None:
+    story = {"id": "farmer#story", "book": "farmer", "level": "story", "where": "story, the whole of farmer",
+             "text": "A farmer refuses a bonze a pear. The bonze grows a pear tree from a seed and gives its pears away."}
+    llm = GenericFakeChatModel(messages=iter([AIMessage(content="A pear tree [2]"), AIMessage(content="Pears [1]")]))
+    # No passage says the bonze grew a tree: the story's sentence that does leads, before the model's [2].
+    out = generate(llm, "What does the bonze grow?", CHUNKS, "open", signature=[story])
+    assert [c["n"] for c in out["citations"]] == ["summary", 2]
+    assert out["citations"][0]["sentences"] == [{"text": "The bonze grows a pear tree from a seed and gives its pears away."}]
+    assert "[summary] story, the whole of farmer “The bonze grows a pear tree" in out["messages"][0].content
+    # A passage that holds the answer keeps the lead; the summary that holds it too follows.
+    out = generate(llm, "What had the farmer carted to market?", CHUNKS, "open", signature=[story])
+    assert [c["n"] for c in out["citations"]] == [1, "summary"] and out["citations"][0]["holds_answer"]

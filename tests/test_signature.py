@@ -448,3 +448,49 @@ def test_realistic_size_selection() -> None:
     assert all(math.isfinite(p.gain) for p in picks)
     for p in picks:
         assert p.gain == pytest.approx(p.relevance + p.coverage + p.diversity)
+
+
+# --------------------------------------------------------------------------------------------------
+# Three levels (signature_levels=sessions+parts+story): a chunk is covered by its session, its part
+# and its book's story
+# --------------------------------------------------------------------------------------------------
+
+
+def _angle(a: float) -> np.ndarray:
+    return np.array([np.cos(a), np.sin(a)])
+
+
+def test_three_level_pool_and_selection_match_brute_force_on_a_small_case() -> None:
+    # Four chunks of one book: S0 holds the first two, S1 the third, S2 the fourth; part P0 spans S0 and S1,
+    # P1 spans S2; the story spans all. The part nearest the query covers three of the four chunks, so it
+    # leads; the story, which alone also covers the fourth, follows it.
+    owners = [["b:s00000", "b:p0000", "b#story"]] * 2 + [["b:s00001", "b:p0000", "b#story"],
+                                                         ["b:s00002", "b:p0001", "b#story"]]
+    ids, cov = summary_pool(owners)
+    assert ids == ["b:s00000", "b:p0000", "b#story", "b:s00001", "b:s00002", "b:p0001"]
+    assert cov == [[0, 1], [0, 1, 2], [0, 1, 2, 3], [2], [3], [3]]
+    q = _angle(0.0)
+    s = np.array([_angle(a) for a in (1.3, 0.0, 1.4, 0.1, 1.2, 0.3)])  # in pool order
+    c = np.array([_angle(a) for a in (0.5, 0.7, 0.9, 1.4)])
+    lam = (0.3, 0.4, 0.3)
+    expected = [{"b:p0000"}, {"b:p0000", "b#story"}, {"b:p0000", "b#story", "b:s00001"}]
+    for k, chosen in zip((1, 2, 3), expected):
+        values = {a: objective(q, s, c, cov, a, lam) for a in itertools.permutations(range(len(ids)), k)}
+        best = max(values, key=values.__getitem__)
+        picks = coverage_aware(q, ids, s, c, cov, k=k, lambdas=lam)
+        assert {ids[i] for i in best} == {p.summary_id for p in picks} == chosen
+        assert sum(p.gain for p in picks) == pytest.approx(values[best])
+
+
+def test_three_level_picks_have_the_largest_marginal_gain_by_the_definition() -> None:
+    rng = np.random.default_rng(20261207)
+    for _ in range(150):
+        owners = []
+        for b in range(int(rng.integers(1, 3))):
+            for j in range(int(rng.integers(2, 7))):
+                owners += [[f"book{b}:s{j:05d}", f"book{b}:p{j // 3:04d}", f"book{b}#story"]] * int(rng.integers(1, 3))
+        ranked = [owners[i] for i in rng.permutation(len(owners))]
+        ids, cov = summary_pool(ranked)
+        d = int(rng.integers(2, 6))
+        q, s, c = _unit_rows(rng, 1, d)[0], _unit_rows(rng, len(ids), d), _unit_rows(rng, len(ranked), d)
+        _check_greedy_against_the_definition(q, ids, s, c, cov, int(rng.integers(1, min(5, len(ids)) + 1)), LAMBDAS)

@@ -189,9 +189,9 @@ def test_the_reader_reads_the_signature_in_story_order_with_each_units_place(bui
     books.build(store, None, minilm)
     names.build(store, minilm)
     ids = [session_id(source.book, 2), book_unit_id(source.book, Level.NAMES), session_id(source.book, 0)]
-    texts = answer.signature_texts(store, ids)
+    texts = answer.signature_lines(answer.signature_units(store, ids))
     assert [t.split("]")[0] for t in texts][0] == "[names, the whole of golden-goose"
     assert re.match(r"\[session, 0%–\d+% of golden-goose\] ", texts[1]) and re.match(r"\[session, \d+%–\d+% of", texts[2])
     assert int(re.search(r"(\d+)%–", texts[2]).group(1)) > 0  # the later session reads later
     monkeypatch.setattr(answer, "SIGNATURE_TOKENS", 1)
-    assert [t[:8] for t in answer.signature_texts(store, ids)] == ["[session"]  # the best unit, even over budget
+    assert [t[:8] for t in answer.signature_lines(answer.signature_units(store, ids))] == ["[session"]  # the best unit, even over budget

@@ -454,6 +454,9 @@ function finishMessage(message, run) {
       citations.map((c) => c.card
         ? el("button", {type: "button", class: "citation", "data-card": c.book, title: `the book's card: “${c.sentences[0].text}”`,
           onclick: () => openCard(run.collection, c.book, c.sentences[0].text)}, `[card] ${c.book}`)
+        : c.n === "summary"
+        ? el("span", {class: "citation", "data-summary": c.id, title: `a written summary the model was given: “${c.sentences[0].text}”`},
+          `[summary] ${c.where}`)
         : el("button", {type: "button", class: "citation", "data-chunk": c.id,
           title: `${c.moved_from ? `holds the answer's words, which [${c.moved_from}] the model cited lacks`
             : c.cited_by_model ? "cited by the model" : "given to the model, which cited none"}: “${((c.sentences || [])[0] || {}).text || ""}”`,

@@ -2,7 +2,8 @@
 
 ``pipeline`` is the one way in (the CLI, the server's ``ingest`` graph, the harness and the tests);
 it calls ``chunks`` (passages), ``sessions`` (a summary per window of chunks) and, once the books are
-committed, ``books`` (a unit over each whole book: its card) and ``names`` (who is who in it). Adding a
+committed, ``story`` (the written tree above written sessions: parts, then the whole book's plot),
+``books`` (a unit over each whole book: its card) and ``names`` (who is who in it). Adding a
 level is adding a builder.
 """
 

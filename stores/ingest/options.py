@@ -14,7 +14,7 @@ from mia.stores.embeddings import Embedder
 from mia.stores.ingest.sources import InputError
 from mia.stores.mindscape import Mindscape
 from mia.stores.summaries import Faithfulness
-from mia.stores.units import Level, Unit, book_unit_id
+from mia.stores.units import WRITTEN_ABOVE_SESSIONS, Level, Unit, book_unit_id
 
 EMBED_BATCH = 64
 Summarizer = Literal["llm", "llm-excerpt", "extractive", "none"]
@@ -65,9 +65,15 @@ class IngestReport:
     summaries_from_cache: int = 0
     chunks_reused: int = 0
     """Chunks whose vector was taken from the book's stored rows instead of being embedded again."""
-    faithfulness: Faithfulness = field(default_factory=Faithfulness)
-    """What the chat model's summaries named and repeated, and what grounding dropped (this run's calls)."""
-    seconds: dict[str, float] = field(default_factory=lambda: {"chunking": 0.0, "embedding": 0.0, "summarising": 0.0, "writing": 0.0})
+    faithfulness: dict[Level, Faithfulness] = field(
+        default_factory=lambda: {level: Faithfulness() for level in (Level.SESSION, *WRITTEN_ABOVE_SESSIONS)})
+    """Per level, what the chat model's summaries named and repeated, and what grounding dropped (this run's calls)."""
+    parts: int = 0
+    """Part summaries written or taken from the cache (the written tree above the sessions)."""
+    stories: int = 0
+    """Books whose story (the top of the written tree) this run wrote."""
+    seconds: dict[str, float] = field(default_factory=lambda: {"chunking": 0.0, "embedding": 0.0, "summarising": 0.0,
+                                                               "writing": 0.0, "story": 0.0})
 
 
 ProgressHook = Callable[[str, int, int], None]

@@ -5,8 +5,8 @@ a book whose recorded hash matches is skipped without any model call; a book's c
 (``chunks``, ``sessions``) are written under deterministic ids between a pending record (which keeps
 its place in the series) and its committed record (``stores/commits.py``), so a run killed at any
 point leaves only rows that readers ignore and the next run deletes and rewrites, in the same order.
-The whole-book levels (``books``, ``names``) are written once every book is committed, so the first
-answer never waits for them.
+The levels above (``story``'s parts and story, ``books``, ``names``) are written once every book is
+committed, so the first answer never waits for them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mia.stores.book_card import DEFAULT_CARDS, CardMode
 from mia.stores.chroma import MindscapeError, chroma_client, list_mindscapes, validate_name
 from mia.stores.commits import PENDING
 from mia.stores.embeddings import Embedder, load_embedder
-from mia.stores.ingest import books, chunks, names, sessions
+from mia.stores.ingest import books, chunks, names, sessions, story
 from mia.stores.ingest.chunks import book_span
 from mia.stores.ingest.options import LLM_SUMMARIZERS, IngestOptions, IngestReport, Progress, ProgressHook
 from mia.stores.ingest.sources import InputError, Source, collect_sources
@@ -136,6 +136,8 @@ def _ingest(sources: list[Source], collection: str, embedder: Embedder, options:
             store = Mindscape(collection, client, create=True, embedder=embedder.name)
         _write_book(store, source, book_chunks, book_sessions, order, digest, options, method, report)
     progress.tell("books", len(sources), len(sources))
+    if store is not None and llm is not None and options.summarizer in LLM_SUMMARIZERS:
+        story.build(store, llm, embedder, cache, report, progress)
     if cards != "none" and store is not None:
         progress.tell("book cards", 0, 1)
         books.build(store, card_model, embedder, cache, progress=progress.bars)

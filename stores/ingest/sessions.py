@@ -85,7 +85,7 @@ def build(source: Source, chunks: BookChunks, options: IngestOptions, embedder: 
                 written, _ = summ.llm_summary(llm, passage, source.book, j + 1, len(windows), excerpt=excerpt)
                 text, check = summ.grounded(written, window_text)
                 report.llm_calls += 1
-                report.faithfulness.add(check)
+                report.faithfulness[Level.SESSION].add(check)
             # Extractive, or nothing faithful left of the model's: the window's sentences, copied.
             text = text or summ.extractive_summary([c.text for c in window], chunks.vectors[window[0].index : window[-1].index + 1])
             cache.put(key, text)
