@@ -35,11 +35,11 @@ import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Mapping
-from uuid import uuid5
+from uuid import NAMESPACE_URL, UUID, uuid5
 
 from langgraph_sdk import Auth
 
-from mia.nodes.context import CommonSettings
+from mia.nodes.context import GRAPH_SETTINGS, CommonSettings
 from mia.stores.paths import PathError, ingest_root, resolve_under, uploads_of
 
 KEYS_ENV = "MIA_API_KEYS"
@@ -47,6 +47,10 @@ PERMISSION_PREFIX = "collection:"
 # Run settings that choose models, weights files and endpoints: server-side for restricted keys.
 SERVER_SETTINGS = ("chat_base_url", "chat_model", "selection_embedder", "sig_weights")
 INGEST_GRAPH = "ingest"
+GRAPH_IDS = (*GRAPH_SETTINGS, INGEST_GRAPH)
+# How the servers MiA runs on name a graph's default assistant: uuid5(namespace, graph id), with
+# LangGraph's own namespace (langgraph_api.graph.NAMESPACE_GRAPH) and GraphHarbor's (the URL one).
+DEFAULT_ASSISTANT_NAMESPACES = (UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), NAMESPACE_URL)
 
 Keys = Mapping[str, tuple[str, ...]]
 
@@ -188,6 +192,45 @@ def check_ingest_paths(kwargs: Mapping[str, Any]) -> None:
         raise AuthFailure(403, str(exc)) from exc
 
 
+DEFAULT_ASSISTANTS = {
+    **{graph_id: graph_id for graph_id in GRAPH_IDS},
+    **{str(uuid5(namespace, graph_id)): graph_id for namespace in DEFAULT_ASSISTANT_NAMESPACES for graph_id in GRAPH_IDS},
+}
+
+
+def default_graph(assistant_id: str) -> str | None:
+    """The graph whose default assistant ``assistant_id`` names, or None for a created assistant;
+    :class:`AuthFailure` (403) for an id that is neither.
+
+    Placed from the id alone, since no server hands a run's auth handler the assistant's metadata:
+    a graph name (GraphHarbor passes the one a client sent) or a name-derived (version 5) UUID is a
+    default assistant, a random (version 4) UUID a created one, whose collection its readers guard.
+    A version 5 UUID MiA does not know is a default assistant of a server MiA does not know how to
+    read, and is refused rather than let through unchecked.
+    """
+    if assistant_id in DEFAULT_ASSISTANTS:
+        return DEFAULT_ASSISTANTS[assistant_id]
+    try:
+        version = UUID(assistant_id).version
+    except ValueError:
+        raise AuthFailure(403, f"unknown assistant {assistant_id!r}: name a graph ({', '.join(GRAPH_IDS)}) or an assistant id") from None
+    if version != 4:
+        raise AuthFailure(403, f"assistant {assistant_id} is neither a default assistant MiA knows nor a created one; refused")
+    return None
+
+
+def check_thread_settings(caller: Caller, value: Mapping[str, Any]) -> None:
+    """Refuse (403) a thread whose stored settings a restricted caller chose.
+
+    Some servers (GraphHarbor) merge a thread's ``config`` into every run on it, after the run's
+    own checks: settings stored there would name a collection or model no run check ever sees.
+    """
+    config = value.get("config") or {}
+    if caller.unrestricted or not config:
+        return
+    check_run(caller, {"config": config, "context": config.get("context") or {}}, graph_id=None, default_collection="")
+
+
 def readers(keys: Keys, collection: str) -> list[str]:
     """The identities of the keys that may use ``collection``: who may see an assistant naming it.
 
@@ -222,13 +265,6 @@ def _caller(ctx: Auth.types.AuthContext) -> Caller:
     return caller_of(ctx.user.identity, list(ctx.permissions))
 
 
-def _default_assistants() -> dict[str, str]:
-    """{assistant id: graph id} of the server's default assistants (one per graph)."""
-    from langgraph_api.graph import GRAPHS, NAMESPACE_GRAPH  # the running server's registry
-
-    return {str(uuid5(NAMESPACE_GRAPH, graph_id)): graph_id for graph_id in GRAPHS}
-
-
 @auth.authenticate
 async def authenticate(authorization: str | None, headers: dict[bytes, bytes]) -> Auth.types.MinimalUserDict:
     api_key = headers.get(b"x-api-key")
@@ -251,7 +287,7 @@ async def on_run(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> A
         await asyncio.to_thread(check_ingest_paths, kwargs)
         if KEYS is None:
             return None
-        check_run(_caller(ctx), kwargs, graph_id=_default_assistants().get(str(value["assistant_id"])),
+        check_run(_caller(ctx), kwargs, graph_id=default_graph(str(value["assistant_id"])),
                   default_collection=CommonSettings().collection)
     except AuthFailure as failure:
         raise _refuse(failure) from None
@@ -264,6 +300,11 @@ async def on_threads(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> Auth
     """Threads (and their runs and state) are private to the key that created them."""
     if KEYS is None:
         return None
+    if ctx.action in ("create", "update"):
+        try:
+            check_thread_settings(_caller(ctx), value)
+        except AuthFailure as failure:
+            raise _refuse(failure) from None
     if ctx.action == "create":
         value.setdefault("metadata", {})["owner"] = ctx.user.identity
     return {"owner": ctx.user.identity}

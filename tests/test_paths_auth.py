@@ -15,6 +15,8 @@ from mia.graph.auth import (
     caller_of,
     check_ingest_paths,
     check_run,
+    check_thread_settings,
+    default_graph,
     identify,
     key_identity,
     parse_keys,
@@ -189,6 +191,36 @@ def test_assistants_are_visible_to_the_keys_that_may_use_their_collection() -> N
     assert readers(KEYS, "holmes") == [key_identity("k-all")]
     assert visible_assistants(identify(KEYS, "Bearer k-all", None)) is None
     assert visible_assistants(FAIRY) == {"$or": [{"created_by": "system"}, {"readers": {"$contains": FAIRY.identity}}]}
+
+
+def test_default_assistants_are_placed_from_their_id_alone() -> None:
+    """Each server's default assistant is recognised without its internals; a created (random) id
+    is left to its readers; an id MiA cannot place is refused."""
+    from uuid import NAMESPACE_URL, UUID, uuid1, uuid4, uuid5
+
+    langgraph = UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")  # the embedded server's (tests/test_server.py runs it)
+    for graph in ("rag", "mia_rag", "infmem", "ingest"):
+        assert default_graph(str(uuid5(langgraph, graph))) == graph
+        assert default_graph(str(uuid5(NAMESPACE_URL, graph))) == graph  # GraphHarbor
+        assert default_graph(graph) == graph  # a graph name, as a client may send it
+    assert default_graph(str(uuid4())) is None
+    for unknown, message in ((str(uuid5(NAMESPACE_URL, "other")), "neither"), (str(uuid1()), "neither"),
+                             ("rag; drop", "unknown assistant")):
+        with pytest.raises(AuthFailure, match=message) as failure:
+            default_graph(unknown)
+        assert failure.value.status == 403
+
+
+def test_settings_stored_on_a_thread_are_checked_like_a_run_s() -> None:
+    """A server that merges a thread's config into its runs must not launder a collection."""
+    check_thread_settings(FAIRY, {"metadata": {"x": 1}})
+    check_thread_settings(FAIRY, {"config": {"context": {"collection": "fairy"}}})
+    check_thread_settings(identify(KEYS, "Bearer k-all", None), {"config": {"context": {"collection": "holmes"}}})
+    for config in ({"context": {"collection": "holmes"}}, {"configurable": {"collection": "holmes"}},
+                   {"context": {"chat_base_url": "http://elsewhere"}}):
+        with pytest.raises(AuthFailure) as failure:
+            check_thread_settings(FAIRY, {"config": config})
+        assert failure.value.status == 403
 
 
 def test_ingest_paths_are_checked_against_the_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,8 +23,10 @@ import pytest
 from langgraph_sdk import get_sync_client
 
 from mia.evals.bench_scale import chroma_server
+from mia.graph.auth import Caller
 from mia.graph.registry import QUESTION_GRAPHS
 from mia.graph.server import Server, free_port, ingest_elsewhere, port_is_free, start_server
+from mia.nodes.context import CommonSettings
 from tests.conftest import mia_serve, requires_data, write_stories
 
 pytestmark = requires_data
@@ -100,6 +102,14 @@ def test_forbidden_collection_gets_403(served: Served) -> None:
                          context={**SMALL, "collection": OTHER})
     status, text = _status(error)
     assert status == 403 and f"may not use collection '{OTHER}'" in text
+    # A default assistant answers from the server's collection, which this key may not use.
+    default = CommonSettings().collection
+    assert not Caller("", tuple(KEYS["key-fairy"])).may_use(default)
+    with pytest.raises(httpx.HTTPStatusError) as error:
+        client.runs.wait(thread["thread_id"], "rag", input={"messages": [{"role": "user", "content": QUESTION}]},
+                         context={"top_k": 3})
+    status, text = _status(error)
+    assert status == 403 and f"may not use collection '{default}'" in text
     # An assistant naming a forbidden collection is invisible to the key, so it cannot be run.
     other_assistant = served.sdk("key-admin").assistants.create("rag", context={"collection": OTHER})
     with pytest.raises(httpx.HTTPStatusError) as error:
