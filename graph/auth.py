@@ -265,8 +265,21 @@ def _caller(ctx: Auth.types.AuthContext) -> Caller:
     return caller_of(ctx.user.identity, list(ctx.permissions))
 
 
+SELF_AUTHENTICATED = ("/v1/", "/mia/")
+"""The custom app's routes (graph/http_app.py): /v1 and the web page check the same keys themselves,
+with errors in their own shape (OpenAI's for /v1), and the page itself is public."""
+
+
+def authenticates_itself(path: str) -> bool:
+    return path == "/mia" or path.startswith(SELF_AUTHENTICATED)
+
+
 @auth.authenticate
-async def authenticate(authorization: str | None, headers: dict[bytes, bytes]) -> Auth.types.MinimalUserDict:
+async def authenticate(authorization: str | None, headers: dict[bytes, bytes], path: str = "") -> Auth.types.MinimalUserDict:
+    if authenticates_itself(path):
+        # Servers that authenticate custom routes too (GraphHarbor) pass them on to the app's own
+        # checks; this identity holds no collection, and core routes never match these paths.
+        return {"identity": "mia-app-route", "is_authenticated": False, "permissions": []}
     api_key = headers.get(b"x-api-key")
     try:
         caller = identify(KEYS, authorization, api_key.decode() if api_key else None)
@@ -322,7 +335,7 @@ async def on_assistants(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> A
     if ctx.action == "create" or value.get("context") or (value.get("config") or {}).get("configurable"):
         settings = value.get("context") or (value.get("config") or {}).get("configurable") or {}
         # The server keeps a reference to this dict: update it in place.
-        value["metadata"]["readers"] = readers(KEYS, settings.get("collection") or CommonSettings().collection)
+        value.setdefault("metadata", {})["readers"] = readers(KEYS, settings.get("collection") or CommonSettings().collection)
     return None
 
 

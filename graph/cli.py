@@ -338,9 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"session summaries of the demo collection (default {DEFAULT_SUMMARIZER})")
     p.set_defaults(func=cmd_demo)
 
-    from mia.graph import server
+    from mia.graph import model_server, server
 
     server.register(sub)
+    model_server.register(sub)
     _register_plugins(sub)
     return parser
 

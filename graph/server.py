@@ -8,8 +8,9 @@ runtime persists threads to ``./.langgraph_api``; a copy of langgraph.json with 
 is written there, so the graph, auth and app paths still point into the checkout.
 
 ``start_server`` starts one on a free loopback port for tests and benchmarks, waits (bounded)
-for ``/ok`` and stops it. The in-memory server is for one machine; to scale out, see the README
-(Chroma server, LangGraph server with Postgres, an OpenAI-compatible model server).
+for ``/ok`` and stops it. The in-memory server is for one machine; given Postgres and Redis, the same
+command runs a production replica instead (graph/production.py), and several of them, with a Chroma
+server and one model server, scale out.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import httpx
 
+from mia.graph.production import (
+    ServiceError,
+    check_services,
+    migrate,
+    production_commands,
+    production_config,
+    production_environment,
+    redacted,
+)
 from mia.stores.settings import data_root, mia_home
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,6 +65,8 @@ class Server:
     url: str
     log: Path
     pid: int
+    groups: tuple[int, ...] = ()
+    """The process groups that make up the server (a production replica has two)."""
 
 
 def _absolute_spec(spec: str, base: Path) -> str:
@@ -128,8 +140,12 @@ def _check_keys(env: Mapping[str, str]) -> None:
 
 
 def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFAULT_JOBS,
-          state_dir: Path | None = None, config: Path = CONFIG) -> int:
-    """Run the server in the foreground until it exits or is interrupted; returns its exit code."""
+          state_dir: Path | None = None, config: Path = CONFIG, database_uri: str | None = None,
+          redis_uri: str | None = None) -> int:
+    """Run the server in the foreground until it exits or is interrupted; returns its exit code.
+
+    With ``database_uri`` and ``redis_uri`` the server is a production replica (graph/production.py).
+    """
     env = server_environment()
     _check_keys(env)
     if not port_is_free(host, port):
@@ -140,8 +156,12 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
         print(f"mia: warning: serving on {host} without MIA_API_KEYS: anyone who can reach it may query every "
               "collection and ingest from the data root", file=sys.stderr)
     state = (state_dir or Path(env["MIA_HOME"]) / "server").resolve()
-    command = server_command(host, port, server_config(config, state), jobs)
-    print(f"MiA server on http://{host}:{port} (LangGraph API; OpenAI-compatible /v1); state in {state}", file=sys.stderr)
+    try:
+        commands, env, kind = _launch(host, port, jobs, state, env, config, database_uri, redis_uri)
+    except ServiceError as exc:
+        print(f"mia: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"MiA server on http://{host}:{port} ({kind}; OpenAI-compatible /v1); state in {state}", file=sys.stderr)
     # The server leads its own process group, which this process stops as a whole on SIGTERM,
     # SIGINT or SIGHUP (a supervisor's stop, Ctrl-C, a closed terminal): nothing is left on the port.
     # The handlers go in before the child starts, so no signal can slip between the two.
@@ -149,19 +169,50 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
         raise _Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    process: subprocess.Popen[bytes] | None = None
+    processes: list[subprocess.Popen[bytes]] = []
     try:
-        process = subprocess.Popen(command, cwd=state, env=env, start_new_session=True, preexec_fn=_die_with_parent())
-        return process.wait()
+        processes = _spawn(commands, state, env, processes)
+        while True:
+            for process in processes:
+                if process.poll() is not None:
+                    # One half of a replica gone leaves the other useless: stop both.
+                    _stop_all(processes, grace=STOP_GRACE)
+                    return process.returncode
+            time.sleep(0.5)
     except _Stopped as stopped:
         for sig in STOP_SIGNALS:  # a second Ctrl-C during the shutdown must not cut it short
             signal.signal(sig, signal.SIG_IGN)
-        if process is not None:
-            _stop(process, grace=STOP_GRACE, group=True)
+        _stop_all(processes, grace=STOP_GRACE)
         return 128 + stopped.signum
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _launch(host: str, port: int, jobs: int, state: Path, env: dict[str, str], config: Path,
+            database_uri: str | None, redis_uri: str | None) -> tuple[list[list[str]], dict[str, str], str]:
+    """The commands of one server (the embedded one, or a production replica when the services are
+    given), its environment and what it is called; :class:`ServiceError` when a service is unusable."""
+    if not database_uri and not redis_uri:
+        return [server_command(host, port, server_config(config, state), jobs)], env, "LangGraph API"
+    if not (database_uri and redis_uri):
+        raise ServiceError("a production server needs both --database-uri (Postgres) and --redis-uri (Redis)")
+    env = production_environment(env, config, database_uri, redis_uri)
+    check_services(database_uri, redis_uri)
+    commands = production_commands(host, port, production_config(config, state), jobs)
+    migrate(env, state)
+    return commands, env, f"LangGraph API on {redacted(database_uri)} and {redacted(redis_uri)}"
+
+
+def _spawn(commands: list[list[str]], cwd: Path, env: Mapping[str, str], started: list[subprocess.Popen[bytes]],
+           **streams: Any) -> list[subprocess.Popen[bytes]]:
+    """Start ``commands``, each leading a process group of its own (stopped as a whole) and told to
+    die with this process. Each is appended to ``started`` as it starts, so a caller interrupted
+    half-way can stop them."""
+    for command in commands:
+        started.append(subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True, preexec_fn=_die_with_parent(),
+                                        **streams))
+    return started
 
 
 class _Stopped(Exception):
@@ -213,6 +264,16 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 15.0, *, group: bool 
         send(signal.SIGKILL)
 
 
+def _stop_all(processes: Sequence[subprocess.Popen[bytes]], grace: float = 15.0) -> None:
+    """Stop every process group of a server: all are asked at once, so their grace periods overlap."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        _stop(process, grace, group=True)
+
+
 def _log_tail(log: Path, lines: int = 40) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -222,29 +283,32 @@ def _log_tail(log: Path, lines: int = 40) -> str:
 
 @contextlib.contextmanager
 def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None = None, jobs: int = DEFAULT_JOBS,
-                 timeout: float = 180.0, config: Path = CONFIG, host: str = "127.0.0.1") -> Iterator[Server]:
-    """A server on a free loopback port, ready (``/ok`` answered) within ``timeout`` seconds.
+                 timeout: float = 180.0, config: Path = CONFIG, host: str = "127.0.0.1",
+                 database_uri: str | None = None, redis_uri: str | None = None, port: int | None = None) -> Iterator[Server]:
+    """A server on a free loopback port (or ``port``), ready (``/ok`` answered) within ``timeout`` seconds.
 
-    ``env`` overrides the environment (e.g. MIA_HOME, MIA_CHROMA_PATH, MIA_API_KEYS). The server
-    logs to ``<state_dir>/server.log``; a start that fails or times out raises ServerError with
-    the log's tail. The server is stopped when the block exits, whatever happens in it.
+    ``env`` overrides the environment (e.g. MIA_HOME, MIA_CHROMA_PATH, MIA_API_KEYS); the two
+    services make it a production replica. The server logs to ``<state_dir>/server.log``; a start
+    that fails or times out raises ServerError with the log's tail. The server is stopped when the
+    block exits, whatever happens in it.
     """
     full_env = server_environment(env)
     _check_keys(full_env)
     state = (state_dir or Path(full_env["MIA_HOME"]) / "server").resolve()
-    port = free_port(host)
-    command = server_command(host, port, server_config(config, state), jobs)
+    state.mkdir(parents=True, exist_ok=True)
+    port = port or free_port(host)
+    commands, full_env, _ = _launch(host, port, jobs, state, full_env, config, database_uri, redis_uri)
     log = state / "server.log"
     url = f"http://{host}:{port}"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=state, env=full_env, stdout=sink, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    processes: list[subprocess.Popen[bytes]] = []
     try:
+        with log.open("ab") as sink:
+            _spawn(commands, state, full_env, processes, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=2.0) as client:
             while True:
-                if process.poll() is not None:
-                    raise ServerError(f"the server exited with code {process.returncode} before it was ready; "
+                if exited := [p for p in processes if p.poll() is not None]:
+                    raise ServerError(f"the server exited with code {exited[0].returncode} before it was ready; "
                                       f"log {log}:\n{_log_tail(log)}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{url}/ok").status_code == 200:
@@ -252,9 +316,9 @@ def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None
                 if time.monotonic() > deadline:
                     raise ServerError(f"the server was not ready after {timeout:.0f}s; log {log}:\n{_log_tail(log)}")
                 time.sleep(0.5)
-        yield Server(url=url, log=log, pid=process.pid)
+        yield Server(url=url, log=log, pid=processes[0].pid, groups=tuple(p.pid for p in processes))
     finally:
-        _stop(process, group=True)
+        _stop_all(processes)
 
 
 _INGEST_SCRIPT = """
@@ -267,14 +331,17 @@ for collection, paths in spec["collections"].items():
 """
 
 
-def ingest_elsewhere(collections: dict[str, Sequence[Path]], chroma_path: Path, **options: Any) -> None:
-    """Fill the embedded store a server (from ``start_server``) will open, for tests and benchmarks.
+def ingest_elsewhere(collections: dict[str, Sequence[Path]], chroma_path: Path | None, *, chroma_url: str = "",
+                     **options: Any) -> None:
+    """Fill the store a server (from ``start_server``) will open, for tests and benchmarks: the
+    embedded one at ``chroma_path``, or the Chroma server at ``chroma_url``.
 
     In a child process, so the calling process holds no handle on that store (embedded Chroma is
     not process-safe). ``options`` are ``IngestOptions`` fields (extractive summaries unless given)."""
     spec = json.dumps({"collections": {name: [str(p) for p in paths] for name, paths in collections.items()},
                        "options": {"summarizer": "extractive", **options}})
-    done = subprocess.run([sys.executable, "-c", _INGEST_SCRIPT, spec], env={**os.environ, "MIA_CHROMA_PATH": str(chroma_path)},
+    store = {"MIA_CHROMA_URL": chroma_url} if chroma_url else {"MIA_CHROMA_PATH": str(chroma_path)}
+    done = subprocess.run([sys.executable, "-c", _INGEST_SCRIPT, spec], env={**os.environ, **store},
                           timeout=600, capture_output=True, text=True)
     if done.returncode != 0:
         raise ServerError(f"ingestion for the served collection failed:\n{done.stderr[-3000:]}")
@@ -287,5 +354,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
                    help=f"runs executed at once (default {DEFAULT_JOBS}); the embedded chat model still answers one at a time")
-    p.add_argument("--state-dir", type=Path, default=None, help="where threads persist (default $MIA_HOME/server)")
-    p.set_defaults(func=lambda args: serve(args.host, args.port, jobs=args.jobs, state_dir=args.state_dir))
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="where threads persist (default $MIA_HOME/server; with a database, only the server's files)")
+    p.add_argument("--database-uri", default=os.environ.get("DATABASE_URI") or None,
+                   help="Postgres address (default $DATABASE_URI): serve as one replica of a production server "
+                        "whose threads and runs live in Postgres; needs --redis-uri")
+    p.add_argument("--redis-uri", default=os.environ.get("REDIS_URI") or None,
+                   help="Redis address (default $REDIS_URI), shared by the replicas")
+    p.set_defaults(func=lambda args: serve(args.host, args.port, jobs=args.jobs, state_dir=args.state_dir,
+                                           database_uri=args.database_uri, redis_uri=args.redis_uri))

@@ -133,7 +133,13 @@ def load_embedder(spec: str = "") -> Embedder:
     """
     offline_environment()
     spec = spec or Settings().embeddings or "minilm"
-    return _load_embedder(RECORDED_NAMES.get(spec, spec.removeprefix("hf:")))
+    # One load at a time: a server runs several questions at once, and two threads building the same
+    # model concurrently leave one with weights still on torch's meta device ("Cannot copy out of meta tensor").
+    with _LOADING:
+        return _load_embedder(RECORDED_NAMES.get(spec, spec.removeprefix("hf:")))
+
+
+_LOADING = threading.Lock()
 
 
 @lru_cache(maxsize=4)

@@ -58,6 +58,10 @@ class Settings:
     chat_base_url: str = field(default_factory=lambda: _env("MIA_CHAT_BASE_URL"))
     chat_model: str = field(default_factory=lambda: _env("MIA_CHAT_MODEL"))
     api_key: str = field(default_factory=lambda: _env("MIA_API_KEY") or _env("OPENAI_API_KEY"))
+    database_uri: str = field(default_factory=lambda: _env("MIA_DATABASE_URI"))
+    """Postgres shared by the replicas of a production server (``mia serve --database-uri`` sets it for its
+    replica): writers of one collection exclude each other there. Not ``DATABASE_URI``, which servers set
+    for themselves (``langgraph dev`` to ``:memory:``)."""
 
     @property
     def resolved_chroma_path(self) -> Path:

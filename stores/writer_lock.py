@@ -6,15 +6,22 @@ index, and each keeps its own in-memory copy. So ingestion and removal hold an O
 folder itself (by default under ``MIA_HOME``), so that two processes with different ``MIA_HOME``
 but the same ``MIA_CHROMA_PATH`` exclude each other too. A second writer is refused at once with
 the holder's PID and what to do; readers take no lock and keep working. A Chroma server
-(``MIA_CHROMA_URL``) orders writes itself, so no lock is taken for one.
+(``MIA_CHROMA_URL``) orders writes itself, so no file lock is taken for one.
+
+Replicas of a production server (several machines, one Chroma server, one Postgres) would still
+interleave two ingestions of one collection; there each collection's writer holds a Postgres
+advisory lock (:func:`collection_lock`), which Postgres releases when the holder's connection
+ends, so a killed writer never leaves a collection locked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,6 +31,8 @@ from filelock import FileLock, Timeout
 from mia.stores.settings import Settings, writable_dir
 
 LOCK_NAME = "mia-writer.lock"
+CONNECT_TIMEOUT = 5
+_held = threading.local()
 
 
 class StoreBusy(ValueError):
@@ -92,3 +101,40 @@ def writer_lock(store: Path | None) -> Iterator[None]:
         if outermost:
             info.unlink(missing_ok=True)
         lock.release()
+
+
+def _advisory_key(collection: str) -> int:
+    """A signed 64-bit key for ``collection`` in Postgres's advisory lock space, MiA's own."""
+    return int.from_bytes(hashlib.sha256(f"mia-writer\0{collection}".encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def collection_lock(collection: str, settings: Settings | None = None) -> Iterator[None]:
+    """Hold ``collection``'s writer lock in the shared Postgres for the block, or raise
+    :class:`StoreBusy` without waiting; nothing without a database (``MIA_DATABASE_URI``).
+    Re-entrant within one thread."""
+    database_uri = (settings or Settings()).database_uri
+    held: set[str] = _held.__dict__.setdefault("collections", set())
+    if not database_uri or collection in held:
+        yield
+        return
+    import psycopg
+
+    try:
+        conn = psycopg.connect(database_uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                               application_name=f"mia writer {collection}"[:63])
+    except psycopg.Error as exc:
+        raise StoreBusy(f"cannot take the writer lock of collection {collection!r}: the database is unreachable "
+                        f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+    with conn:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_advisory_key(collection),)).fetchone()
+        if not row or not row[0]:
+            raise StoreBusy(f"collection {collection!r} is being written by another process or replica: wait for it "
+                            "to finish (queries still work), or write to another collection")
+        held.add(collection)
+        try:
+            yield
+        finally:
+            held.discard(collection)
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_advisory_key(collection),))

@@ -33,7 +33,8 @@ from mia.stores.ingest import IngestOptions, InputError, book_id, ingest, ingest
 from mia.stores.chroma import MindscapeError, chroma_client
 from mia.stores.commits import Commits
 from mia.stores.mindscape import Mindscape
-from mia.stores.units import WHOLE_BOOK_LEVELS, Level, book_unit_id, level_of
+from mia.stores.ingest.story import SESSIONS_PER_PART
+from mia.stores.units import WHOLE_BOOK_LEVELS, Level, book_unit_id, level_of, part_id
 from mia.stores.summaries import SummaryCache
 from mia.stores.tokens import count_tokens
 from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
@@ -129,6 +130,11 @@ def snapshot(store: Mindscape) -> dict[str, Any]:
     return {"chunks": rows(store.chunks), "summaries": rows(store.summaries), "books": store.commits.records()}
 
 
+def _new_calls(report: Any) -> int:
+    """The chat model calls an ingestion owes: every summary (session, part, story) not in the cache."""
+    return (report.summaries - report.summaries_from_cache) + (report.parts + report.stories - report.written_from_cache)
+
+
 def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> None:
     """Every book fully present: exact chunks, one summary per window, both maps consistent."""
     records = store.commits.records()
@@ -147,7 +153,12 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
         units = sorted(i for i, level in zip(rows["ids"], levels) if level in WHOLE_BOOK_LEVELS)
         assert set(units) <= {book_unit_id(book, level) for level in WHOLE_BOOK_LEVELS}  # one unit a book a level
         summaries = {k: [v for v, level in zip(rows[k], levels) if level == Level.SESSION] for k in ("ids", "metadatas")}
-        assert len(summaries["ids"]) + len(units) == len(rows["ids"])  # every unit is at one of the levels
+        parts = sorted(i for i, level in zip(rows["ids"], levels) if level == Level.PART)
+        assert len(summaries["ids"]) + len(parts) + len(units) == len(rows["ids"])  # every unit is at one of the levels
+        # Written summaries carry the tree above the sessions: consecutive parts, then the story.
+        written = book_unit_id(book, Level.STORY) in units
+        expected_parts = math.ceil(len(summaries["ids"]) / SESSIONS_PER_PART) if written else 0
+        assert parts == [part_id(book, k) for k in range(expected_parts)]
         assert len(summaries["ids"]) == math.ceil(n / window)
         for sid, meta in zip(summaries["ids"], summaries["metadatas"]):
             first, last = meta["first_chunk"], meta["last_chunk"]
@@ -161,7 +172,7 @@ def assert_complete(store: Mindscape, texts: dict[str, str], window: int) -> Non
         assert store.book_text(book) == text
         total_chunks += n
         total_summaries += len(summaries["ids"])
-        total_units += len(units)
+        total_units += len(units) + len(parts)
     assert store.chunks.count() == total_chunks and store.summaries.count() == total_summaries + total_units
 
 
@@ -243,7 +254,9 @@ def test_reingestion_adds_nothing_and_calls_no_model(client, books, cache, minil
     scripted = ScriptedSummarizer()
     first = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
     assert first.books_written == [book_id(p) for p in books]
-    assert first.llm_calls == scripted.calls == first.summaries > 2
+    # One call per session summary, then the written tree above them: a part per few sessions, a story per book.
+    assert first.llm_calls == scripted.calls == first.summaries + first.parts + first.stories
+    assert first.summaries > 2 and first.stories == len(books) and first.parts >= len(books)
     store = Mindscape("shelf", client)
     before = snapshot(store)
     assert before == clean
@@ -259,6 +272,7 @@ def test_summary_cache_serves_another_collection_without_a_model_call(client, bo
     ingest(books, "first", minilm, options=OPTIONS, llm=ScriptedSummarizer(), client=client, cache=cache, progress=False)
     report = ingest(books, "second", minilm, options=OPTIONS, llm=ForbiddenChat(), client=client, cache=cache, progress=False)
     assert report.llm_calls == 0 and report.summaries_from_cache == report.summaries > 0
+    assert report.written_from_cache == report.parts + report.stories > 0
     assert snapshot(Mindscape("first", client)) == snapshot(Mindscape("second", client))
 
 
@@ -286,7 +300,8 @@ def test_a_changed_book_is_replaced_without_stale_rows(client, books, cache, min
     report = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
     assert report.books_written == [book_id(changed)] and report.books_unchanged == [book_id(unchanged)]
     # The unchanged leading windows come from the cache; only windows whose text changed are new.
-    assert report.summaries_from_cache >= 1 and 1 <= scripted.calls < report.summaries
+    assert report.summaries_from_cache >= 1 and 1 <= report.summaries - report.summaries_from_cache < report.summaries
+    assert scripted.calls == report.llm_calls == _new_calls(report)
     store = Mindscape("shelf", client)
     assert_complete(store, texts_of(books), OPTIONS.window)
     new_count = store.commits.records()[book_id(changed)]["chunks"]
@@ -523,7 +538,8 @@ def test_resume_after_a_crash_in_the_middle_of_writing_chunks(client, books, cac
     report = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
     assert report.books_written == [book_id(p) for p in books]
     first_windows = math.ceil(len(Mindscape("shelf", client).book_chunk_ids(book_id(books[0]))) / OPTIONS.window)
-    assert report.summaries_from_cache == first_windows and scripted.calls == report.summaries - first_windows
+    assert report.summaries_from_cache == first_windows and scripted.calls == _new_calls(report)
+    assert report.summaries - report.summaries_from_cache == report.summaries - first_windows
     assert snapshot(Mindscape("shelf", client)) == clean
 
 
@@ -542,8 +558,12 @@ def test_resume_after_a_crash_before_the_second_books_commit(client, books, cach
     assert sorted(Mindscape("shelf", client).commits.records()) == [book_id(books[0])]
     monkeypatch.setattr(Commits, "commit", original)
 
-    report = ingest(books, "shelf", minilm, options=OPTIONS, llm=ForbiddenChat(), client=client, cache=cache, progress=False)
+    # Every session summary comes from the cache; the tree above them, written after the last commit,
+    # was never reached, so the resumed run writes it (and only it).
+    scripted = ScriptedSummarizer()
+    report = ingest(books, "shelf", minilm, options=OPTIONS, llm=scripted, client=client, cache=cache, progress=False)
     assert report.books_unchanged == [book_id(books[0])] and report.books_written == [second]
+    assert report.summaries_from_cache == report.summaries and scripted.calls == _new_calls(report) > 0
     assert snapshot(Mindscape("shelf", client)) == clean
 
 

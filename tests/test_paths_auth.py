@@ -211,6 +211,17 @@ def test_default_assistants_are_placed_from_their_id_alone() -> None:
         assert failure.value.status == 403
 
 
+def test_only_the_app_s_own_routes_are_left_to_the_app() -> None:
+    """/v1 and the web page check keys themselves; every other path is the server's to check."""
+    from mia.graph.auth import authenticates_itself
+    from mia.graph.http_app import app
+
+    paths = [route.path.replace("{name}", "x") for route in app.routes]
+    assert paths and all(authenticates_itself(path) for path in paths)
+    for path in ("/threads", "/runs/wait", "/assistants/search", "/v1", "/miax/api", "/store/items", "/ok"):
+        assert not authenticates_itself(path), path
+
+
 def test_settings_stored_on_a_thread_are_checked_like_a_run_s() -> None:
     """A server that merges a thread's config into its runs must not launder a collection."""
     check_thread_settings(FAIRY, {"metadata": {"x": 1}})

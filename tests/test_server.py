@@ -23,10 +23,8 @@ import pytest
 from langgraph_sdk import get_sync_client
 
 from mia.evals.bench_scale import chroma_server
-from mia.graph.auth import Caller
 from mia.graph.registry import QUESTION_GRAPHS
 from mia.graph.server import Server, free_port, ingest_elsewhere, port_is_free, start_server
-from mia.nodes.context import CommonSettings
 from tests.conftest import mia_serve, requires_data, write_stories
 
 pytestmark = requires_data
@@ -57,7 +55,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The server over collections ``fairy`` (both stories) and ``other`` (one), with API keys.
+    """The server over collections ``fairy`` (both stories) and ``other`` (one, also the server default), with API keys.
 
     The data root holds the stories and a symlink that leaves it, for the ingest path checks.
     """
@@ -68,7 +66,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     (outside / "secret.txt").write_text("not for callers")
     (data / "escape.txt").symlink_to(outside / "secret.txt")
     ingest_elsewhere({COLLECTION: paths, OTHER: paths[:1]}, base / "chroma", chunk_size=100, window=2)
-    server_env = {"MIA_CHROMA_PATH": str(base / "chroma"), "MIA_INGEST_ROOT": str(data), "MIA_API_KEYS": json.dumps(KEYS)}
+    server_env = {"MIA_CHROMA_PATH": str(base / "chroma"), "MIA_INGEST_ROOT": str(data), "MIA_API_KEYS": json.dumps(KEYS),
+                  "MIA_COLLECTION": OTHER}
     with start_server(env=server_env, state_dir=base / "server", timeout=180) as server:
         yield Served(server)
 
@@ -102,14 +101,12 @@ def test_forbidden_collection_gets_403(served: Served) -> None:
                          context={**SMALL, "collection": OTHER})
     status, text = _status(error)
     assert status == 403 and f"may not use collection '{OTHER}'" in text
-    # A default assistant answers from the server's collection, which this key may not use.
-    default = CommonSettings().collection
-    assert not Caller("", tuple(KEYS["key-fairy"])).may_use(default)
+    # A default assistant answers from the server's collection (MIA_COLLECTION), which this key may not use.
     with pytest.raises(httpx.HTTPStatusError) as error:
         client.runs.wait(thread["thread_id"], "rag", input={"messages": [{"role": "user", "content": QUESTION}]},
                          context={"top_k": 3})
     status, text = _status(error)
-    assert status == 403 and f"may not use collection '{default}'" in text
+    assert status == 403 and f"may not use collection '{OTHER}'" in text
     # An assistant naming a forbidden collection is invisible to the key, so it cannot be run.
     other_assistant = served.sdk("key-admin").assistants.create("rag", context={"collection": OTHER})
     with pytest.raises(httpx.HTTPStatusError) as error:

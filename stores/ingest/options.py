@@ -72,6 +72,8 @@ class IngestReport:
     """Part summaries written or taken from the cache (the written tree above the sessions)."""
     stories: int = 0
     """Books whose story (the top of the written tree) this run wrote."""
+    written_from_cache: int = 0
+    """Parts and stories taken from the summary cache (``summaries_from_cache`` counts the sessions')."""
     seconds: dict[str, float] = field(default_factory=lambda: {"chunking": 0.0, "embedding": 0.0, "summarising": 0.0,
                                                                "writing": 0.0, "story": 0.0})
 

@@ -104,7 +104,7 @@ def _written(llm: BaseChatModel, cache: SummaryCache, report: IngestReport, leve
     key = summ.cache_key(passage, method)
     cached = cache.get(key)
     if cached is not None:
-        report.summaries_from_cache += 1
+        report.written_from_cache += 1
         return cached
     template = "part" if level == Level.PART else "story"
     written, _ = summ.write(llm, template, max_tokens, passage=prompts.fence(passage), **values)
