@@ -15,13 +15,13 @@ import sys
 from typing import Any
 from unittest.mock import patch
 
-from mia.stores.chat import LlamaCppChat, embedded_model, embedded_model_path
-
 DEFAULT_PORT = 8081
 
 
 def model_settings(model: str = "") -> dict[str, Any]:
     """llama.cpp server settings for the embedded model ``model`` names (default: the reader)."""
+    from mia.stores.chat import LlamaCppChat, embedded_model, embedded_model_path  # not at `mia` start-up
+
     embedded = embedded_model(model)
     return {"model": str(embedded_model_path(model=embedded)), "model_alias": embedded.name,
             "n_ctx": LlamaCppChat.model_fields["n_ctx"].default, "n_gpu_layers": -1,

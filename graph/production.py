@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from mia.stores.files import write_atomically
+
 SECRET_ENV = "GRAPHHARBOR_RUNTIME_CONTEXT_SECRET"
 CONNECT_TIMEOUT = 5
 MIGRATION_LOCK = 0x4D6941  # "MiA": replicas starting together migrate one at a time
@@ -85,9 +87,7 @@ def _shim(state_dir: Path, name: str, module: str, variable: str) -> str:
     text = f'"""Written by `mia serve`: GraphHarbor runs this file; MiA\'s module is imported normally."""\n' \
            f"from {module} import {variable}  # noqa: F401\n"
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_name(f"{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)  # replicas sharing a state folder never read a half-written shim
+        write_atomically(path, text)  # replicas sharing a state folder never read a half-written shim
     return f"./{path.name}:{variable}"
 
 
@@ -109,9 +109,7 @@ def production_config(config: Path, state_dir: Path) -> Path:
     if "path" in data.get("auth", {}):
         out["auth"] = {**data["auth"], "path": _shim(state_dir, "auth", *_module_of(data["auth"]["path"]))}
     target = state_dir / "langgraph.json"
-    tmp = target.with_name("langgraph.json.tmp")
-    tmp.write_text(json.dumps(out, indent=2))
-    tmp.replace(target)
+    write_atomically(target, json.dumps(out, indent=2))
     return target
 
 

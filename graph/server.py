@@ -162,7 +162,7 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
         print(f"mia: error: {exc}", file=sys.stderr)
         return 2
     print(f"MiA server on http://{host}:{port} ({kind}; OpenAI-compatible /v1); state in {state}", file=sys.stderr)
-    # The server leads its own process group, which this process stops as a whole on SIGTERM,
+    # Each server process leads its own process group, which this process stops as a whole on SIGTERM,
     # SIGINT or SIGHUP (a supervisor's stop, Ctrl-C, a closed terminal): nothing is left on the port.
     # The handlers go in before the child starts, so no signal can slip between the two.
     def stop(signum: int, _frame: Any) -> None:
@@ -171,7 +171,7 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, jobs: int = DEFA
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        processes = _spawn(commands, state, env, processes)
+        _spawn(commands, state, env, processes)
         while True:
             for process in processes:
                 if process.poll() is not None:
@@ -205,19 +205,18 @@ def _launch(host: str, port: int, jobs: int, state: Path, env: dict[str, str], c
 
 
 def _spawn(commands: list[list[str]], cwd: Path, env: Mapping[str, str], started: list[subprocess.Popen[bytes]],
-           **streams: Any) -> list[subprocess.Popen[bytes]]:
+           **streams: Any) -> None:
     """Start ``commands``, each leading a process group of its own (stopped as a whole) and told to
     die with this process. Each is appended to ``started`` as it starts, so a caller interrupted
     half-way can stop them."""
     for command in commands:
         started.append(subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True, preexec_fn=_die_with_parent(),
                                         **streams))
-    return started
 
 
 class _Stopped(Exception):
-    """Raised by the signal handler in the main thread, so ``process.wait()`` returns to the
-    shutdown path instead of the default handler killing ``mia serve`` alone."""
+    """Raised by the signal handler in the main thread, so the wait for the server's processes returns
+    to the shutdown path instead of the default handler killing ``mia serve`` alone."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -284,8 +283,8 @@ def _log_tail(log: Path, lines: int = 40) -> str:
 @contextlib.contextmanager
 def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None = None, jobs: int = DEFAULT_JOBS,
                  timeout: float = 180.0, config: Path = CONFIG, host: str = "127.0.0.1",
-                 database_uri: str | None = None, redis_uri: str | None = None, port: int | None = None) -> Iterator[Server]:
-    """A server on a free loopback port (or ``port``), ready (``/ok`` answered) within ``timeout`` seconds.
+                 database_uri: str | None = None, redis_uri: str | None = None) -> Iterator[Server]:
+    """A server on a free loopback port, ready (``/ok`` answered) within ``timeout`` seconds.
 
     ``env`` overrides the environment (e.g. MIA_HOME, MIA_CHROMA_PATH, MIA_API_KEYS); the two
     services make it a production replica. The server logs to ``<state_dir>/server.log``; a start
@@ -295,8 +294,7 @@ def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None
     full_env = server_environment(env)
     _check_keys(full_env)
     state = (state_dir or Path(full_env["MIA_HOME"]) / "server").resolve()
-    state.mkdir(parents=True, exist_ok=True)
-    port = port or free_port(host)
+    port = free_port(host)
     commands, full_env, _ = _launch(host, port, jobs, state, full_env, config, database_uri, redis_uri)
     log = state / "server.log"
     url = f"http://{host}:{port}"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import re
 import typing
-import uuid
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Awaitable, Callable, get_args
@@ -33,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 from mia.graph.auth import KEYS, AuthFailure, Caller, check_collection, identify
 from mia.nodes.context import settings_class
 from mia.stores.chroma import MindscapeError, chroma_client, delete_mindscape, list_mindscapes, validate_name
+from mia.stores.files import write_atomically
 from mia.stores.mindscape import Mindscape
 from mia.stores.paths import upload_root
 from mia.stores.writer_lock import StoreBusy
@@ -150,16 +150,8 @@ async def upload(request: Request, caller: Caller) -> Response:
         text = decode_text(f"upload {filename!r}", bytes(data))
     except InputError as exc:
         raise WebError(400, str(exc)) from None
-    await asyncio.to_thread(_write_atomically, upload_root(name) / filename, text)
+    await asyncio.to_thread(write_atomically, upload_root(name) / filename, text)
     return JSONResponse({"collection": name, "upload": filename}, status_code=201)
-
-
-def _write_atomically(target: Path, text: str) -> None:
-    """Whole or not at all, and two uploads of one name never write into the same partial file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(target)
 
 
 # ---- what a run's ids point to ----------------------------------------------------------------

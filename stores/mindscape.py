@@ -34,8 +34,12 @@ class BookUnit:
     id: str
     book: str
     text: str
-    card: str
     metadata: dict[str, Any]
+    """The unit's row as stored: its level's own fields (a story's ``sessions_per_part`` and ``parts``)."""
+
+    @property
+    def card(self) -> str:
+        return str(self.metadata.get("card", ""))
 
 
 class Mindscape:
@@ -102,7 +106,7 @@ class Mindscape:
         if not wanted:
             return {}
         got = self.summaries.get(ids=[book_unit_id(b, level) for b in wanted], include=["documents", "metadatas"])
-        return {m["book"]: BookUnit(i, m["book"], text, m.get("card", ""), m)
+        return {m["book"]: BookUnit(i, m["book"], text, m)
                 for i, text, m in zip(got["ids"], got["documents"], got["metadatas"])
                 if (m.get("card") or level != Level.BOOK) and str(committed[m["book"]].get("hash")) == m.get("hash")}
 

@@ -25,7 +25,7 @@ import pytest
 
 from mia.evals.bench_scale import chroma_server
 from mia.graph.server import Server, ingest_elsewhere, start_server
-from tests.conftest import TEST_READER, requires_data, write_stories
+from tests.conftest import TEST_READER, requires_data
 from tests.services import postgres, redis, services_available
 from tests.test_server import (  # the embedded server's auth cases, collected here once per replica
     COLLECTION,
@@ -35,6 +35,7 @@ from tests.test_server import (  # the embedded server's auth cases, collected h
     STORIES,
     Served,
     _status,
+    served_data,
     test_an_assistant_can_choose_the_collection,  # noqa: F401
     test_every_question_graph_is_served,  # noqa: F401
     test_forbidden_collection_gets_403,  # noqa: F401
@@ -75,11 +76,7 @@ class Topology:
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     """The served collections of tests/test_server.py in a Chroma server, and replicas ``a`` and ``b``."""
     base = tmp_path_factory.mktemp("production")
-    data, outside = base / "data", base / "outside"
-    paths = write_stories(data / "stories", STORIES)
-    outside.mkdir()
-    (outside / "secret.txt").write_text("not for callers")
-    (data / "escape.txt").symlink_to(outside / "secret.txt")
+    data, paths = served_data(base)
     with postgres() as database, redis(base / "redis") as queue, chroma_server(base / "chroma") as (chroma, _):
         ingest_elsewhere({COLLECTION: paths, OTHER: paths[:1]}, None, chroma_url=chroma, chunk_size=100, window=2)
         topology = Topology(database, queue, chroma, data, base, {})

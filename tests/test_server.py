@@ -53,6 +53,16 @@ class Served:
         return httpx.Client(base_url=self.server.url, headers=headers, timeout=TIMEOUT)
 
 
+def served_data(base: Path) -> tuple[Path, list[Path]]:
+    """``base/data`` (the data root) with the stories, and a symlink in it that leaves it for a secret."""
+    data, outside = base / "data", base / "outside"
+    paths = write_stories(data / "stories", STORIES)
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for callers")
+    (data / "escape.txt").symlink_to(outside / "secret.txt")
+    return data, paths
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The server over collections ``fairy`` (both stories) and ``other`` (one, also the server default), with API keys.
@@ -60,11 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     The data root holds the stories and a symlink that leaves it, for the ingest path checks.
     """
     base = tmp_path_factory.mktemp("served")
-    data, outside = base / "data", base / "outside"
-    paths = write_stories(data / "stories", STORIES)
-    outside.mkdir()
-    (outside / "secret.txt").write_text("not for callers")
-    (data / "escape.txt").symlink_to(outside / "secret.txt")
+    data, paths = served_data(base)
     ingest_elsewhere({COLLECTION: paths, OTHER: paths[:1]}, base / "chroma", chunk_size=100, window=2)
     server_env = {"MIA_CHROMA_PATH": str(base / "chroma"), "MIA_INGEST_ROOT": str(data), "MIA_API_KEYS": json.dumps(KEYS),
                   "MIA_COLLECTION": OTHER}

@@ -46,9 +46,9 @@ def methods(model_name: str) -> tuple[str, str]:
     return tuple(f"llm:{model_name}:{prompts.version(t)}:{summ.DECODING}" for t in ("part", "story"))  # type: ignore[return-value]
 
 
-def written_books(store: Mindscape) -> list[str]:
-    """The committed books whose session summaries the chat model wrote, in the store's order."""
-    records = store.commits.committed()
+def written_books(store: Mindscape, records: dict[str, dict[str, Any]]) -> list[str]:
+    """The committed books (``records``, their commit rows) whose session summaries the chat model
+    wrote, in the store's order."""
     return [b for b in store.commits.ordered()
             if str(records[b].get("summarizer", "")).startswith("llm:") and int(records[b].get("summaries", 0))]
 
@@ -59,22 +59,21 @@ def build(store: Mindscape, llm: BaseChatModel, embedder: Embedder, cache: Summa
     current (for this version of the book and this method) is skipped, so a rerun writes nothing.
     Returns how many books were written."""
     part_method, story_method = methods(chat_model_name(llm))
-    current = store.book_units(level=Level.STORY)
-    books = [b for b in written_books(store) if b not in current or current[b].metadata.get("method") != story_method]
+    current, records = store.book_units(level=Level.STORY), store.commits.committed()
+    books = [b for b in written_books(store, records) if b not in current or current[b].metadata.get("method") != story_method]
     clock = time.perf_counter()
     for done, book in enumerate(tqdm(books, desc="writing parts and story", unit="book",
                                      disable=not progress.bars or not books, leave=False)):
         progress.tell("writing parts and story", done, len(books))
-        _build_book(store, book, llm, embedder, cache, report, (part_method, story_method), progress)
+        _build_book(store, book, records[book], llm, embedder, cache, report, (part_method, story_method), progress)
         report.stories += 1
     progress.tell("writing parts and story", len(books), len(books))
     report.seconds["story"] += time.perf_counter() - clock
     return len(books)
 
 
-def _build_book(store: Mindscape, book: str, llm: BaseChatModel, embedder: Embedder, cache: SummaryCache,
-                report: IngestReport, method: tuple[str, str], progress: Progress) -> None:
-    record = store.commits.committed()[book]
+def _build_book(store: Mindscape, book: str, record: dict[str, Any], llm: BaseChatModel, embedder: Embedder,
+                cache: SummaryCache, report: IngestReport, method: tuple[str, str], progress: Progress) -> None:
     sessions = store.summary_records([session_id(book, j) for j in range(int(record["summaries"]))])
     text = store.book_text(book)
     groups = [sessions[i : i + SESSIONS_PER_PART] for i in range(0, len(sessions), SESSIONS_PER_PART)]
