@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -42,9 +43,33 @@ def _run(command: list[str], timeout: float = TIMEOUT) -> None:
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}"
 
 
+@dataclass(frozen=True)
+class Postgres:
+    """A running cluster: its address, and what it takes to restart it."""
+
+    uri: str
+    bin_dir: Path
+    data: Path
+    options: str
+    log: Path
+
+    def start(self) -> None:
+        _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", self.options, "-l", str(self.log), "-w",
+              "-t", str(TIMEOUT), "start"], TIMEOUT + 10)
+
+    def stop(self, mode: str = "fast") -> None:
+        subprocess.run(_as_postgres([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]),
+                       capture_output=True, timeout=TIMEOUT)
+
+    def restart(self) -> None:
+        """Stop (every client connection is closed) and start again on the same port."""
+        self.stop()
+        self.start()
+
+
 @contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    """A fresh cluster; yields its URI (user ``mia``, trust auth, loopback only)."""
+def postgres() -> Iterator[Postgres]:
+    """A fresh cluster (user ``mia``, trust auth, loopback only), stopped and removed on exit."""
     bin_dir = postgres_bin()
     assert bin_dir is not None, "install Debian's postgresql package (see .ci/run)"
     folder = Path(tempfile.mkdtemp(prefix="mia-postgres-"))
@@ -53,14 +78,13 @@ def postgres() -> Iterator[str]:
             shutil.chown(folder, "postgres")
         data, port = folder / "data", free_port()
         _run([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "mia", "--no-sync"])
-        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-        _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "-t", str(TIMEOUT),
-              "start"], TIMEOUT + 10)
+        cluster = Postgres(f"postgresql://mia@127.0.0.1:{port}/postgres", bin_dir, data,
+                           f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off", folder / "log")
+        cluster.start()
         try:
-            yield f"postgresql://mia@127.0.0.1:{port}/postgres"
+            yield cluster
         finally:
-            subprocess.run(_as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
-                           capture_output=True, timeout=TIMEOUT)
+            cluster.stop("immediate")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

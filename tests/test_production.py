@@ -3,9 +3,10 @@ one Redis and one Chroma server, all on loopback (tests/services.py).
 
 The embedded server's auth cases (tests/test_server.py) run again against each replica; then what
 only a shared database can do: a thread continued on the other replica, a book ingested through one
-and answered from the other, runs acknowledged by a replica killed with SIGKILL finished by the other,
-one writer per collection across processes, and a bad database address refused in one line. Runs
-here stop after retrieval (no chat model), so the module costs the servers' start-up and MiniLM.
+and answered from the other, ten messages acknowledged by replicas killed with SIGKILL all finished
+by the other, both replicas serving on after Postgres restarts, one writer per collection across
+processes, and a bad database address refused in one line. Runs here stop after retrieval (no chat
+model), so the module costs the servers' start-ups (twelve replicas) and MiniLM.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from mia.evals.bench_scale import chroma_server
 from mia.graph.server import Server, ingest_elsewhere, start_server
 from tests.conftest import TEST_READER, requires_data
-from tests.services import postgres, redis, services_available
+from tests.services import Postgres, postgres, redis, services_available
 from tests.test_server import (  # the embedded server's auth cases, collected here once per replica
     COLLECTION,
     KEYS,
@@ -54,12 +55,16 @@ RETRIEVE = {"collection": COLLECTION, "retrieval_only": True, "top_k": 3}
 
 @dataclass
 class Topology:
-    database: str
+    postgres: Postgres
     redis: str
     chroma: str
     data: Path
     base: Path
     replicas: dict[str, Server]
+
+    @property
+    def database(self) -> str:
+        return self.postgres.uri
 
     def env(self) -> dict[str, str]:
         return {"MIA_CHROMA_URL": self.chroma, "MIA_INGEST_ROOT": str(self.data), "MIA_API_KEYS": json.dumps(KEYS),
@@ -77,9 +82,9 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     """The served collections of tests/test_server.py in a Chroma server, and replicas ``a`` and ``b``."""
     base = tmp_path_factory.mktemp("production")
     data, paths = served_data(base)
-    with postgres() as database, redis(base / "redis") as queue, chroma_server(base / "chroma") as (chroma, _):
+    with postgres() as cluster, redis(base / "redis") as queue, chroma_server(base / "chroma") as (chroma, _):
         ingest_elsewhere({COLLECTION: paths, OTHER: paths[:1]}, None, chroma_url=chroma, chunk_size=100, window=2)
-        topology = Topology(database, queue, chroma, data, base, {})
+        topology = Topology(cluster, queue, chroma, data, base, {})
         with topology.replica("a") as a, topology.replica("b") as b:
             topology.replicas.update(a=a, b=b)
             yield topology
@@ -117,26 +122,50 @@ def test_a_book_ingested_through_one_replica_is_answered_from_the_other(topology
     assert answer["retrieved"] and all(r["id"].startswith(f"{STORIES[1]}:") for r in answer["retrieved"])
 
 
-def test_runs_acknowledged_by_a_killed_replica_are_finished_by_the_other(topology: Topology) -> None:
-    """A replica (server and worker) killed with SIGKILL right after acknowledging runs: each run is
-    still finished, by the surviving replica's worker, and every message is in its thread."""
+KILLS = 10
+
+
+def test_messages_acknowledged_by_killed_replicas_are_all_kept(topology: Topology) -> None:
+    """One conversation, ten messages, each sent to a fresh replica that is killed with SIGKILL
+    (server and worker) right after it acknowledges the run: the surviving replica's worker
+    finishes every run, and the thread ends holding all ten messages in order."""
     survivor = Served(topology.replicas["b"]).sdk("key-fairy")
-    acknowledged: list[tuple[str, str, str]] = []
-    for round_ in range(3):
-        with topology.replica(f"killed-{round_}") as doomed:
-            client = Served(doomed).sdk("key-fairy")
-            thread = client.threads.create()
-            question = f"{QUESTION} (round {round_})"
-            run = client.runs.create(thread["thread_id"], "rag", input={"messages": [{"role": "user", "content": question}]},
-                                     context=RETRIEVE)
-            acknowledged.append((thread["thread_id"], run["run_id"], question))
+    thread_id = survivor.threads.create()["thread_id"]
+    asked: list[str] = []
+    pending: str | None = None
+    for round_ in range(KILLS):
+        with topology.replica(f"killed-{round_}") as doomed:  # starting it outlasts the dead one's lease
+            if pending is not None:  # the previous message's run, finished by the survivor
+                survivor.runs.join(thread_id, pending)
+                assert survivor.runs.get(thread_id, pending)["status"] == "success"
+            question = f"{QUESTION} (message {round_ + 1})"
+            pending = Served(doomed).sdk("key-fairy").runs.create(
+                thread_id, "rag", input={"messages": [{"role": "user", "content": question}]}, context=RETRIEVE)["run_id"]
+            asked.append(question)
             for group in doomed.groups:
                 os.killpg(group, signal.SIGKILL)
-    for thread_id, run_id, question in acknowledged:
-        survivor.runs.join(thread_id, run_id)
-        assert survivor.runs.get(thread_id, run_id)["status"] == "success"
-        values = survivor.threads.get_state(thread_id)["values"]
-        assert [m["content"] for m in values["messages"] if m["type"] == "human"] == [question] and values["retrieved"]
+    assert pending is not None
+    survivor.runs.join(thread_id, pending)
+    assert all(run["status"] == "success" for run in survivor.runs.list(thread_id, limit=KILLS + 1))
+    values = survivor.threads.get_state(thread_id)["values"]
+    assert [m["content"] for m in values["messages"] if m["type"] == "human"] == asked and values["retrieved"]
+
+
+def test_replicas_reconnect_after_postgres_restarts(topology: Topology) -> None:
+    """Postgres restarted while the replicas are idle (every connection they held is closed): both
+    serve the next requests, reads and runs, without a restart of their own."""
+    import psycopg
+
+    with psycopg.connect(topology.database) as conn:
+        held = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                            "AND pid <> pg_backend_pid()").fetchone()
+    assert held and held[0] > 0, "the replicas hold no connection to lose"
+    topology.postgres.restart()
+    for name in "ab":
+        client = Served(topology.replicas[name]).sdk("key-fairy")
+        thread_id = client.threads.create()["thread_id"]
+        assert _ask(client, thread_id)["retrieved"]
+        assert client.threads.get(thread_id)["thread_id"] == thread_id
 
 
 _HOLD = """
