@@ -173,6 +173,25 @@ def check_run(caller: Caller, kwargs: Mapping[str, Any], *, graph_id: str | None
     check_settings(caller, configurable)
 
 
+RUN_FIELDS = ("input", "config", "context")
+
+
+def run_payloads(value: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every place a run's input, config and context may sit: under ``kwargs``, as the SDK's
+    ``RunsCreate`` nests them, and at the top level, where another server put them (Aegra 0.11). Each
+    is checked, so a layout MiA does not expect cannot leave a collection unchecked."""
+    flat = {k: value[k] for k in RUN_FIELDS if value.get(k) is not None}
+    return [value.get("kwargs") or {}, *([flat] if flat else [])]
+
+
+def stamp(value: dict[str, Any], **fields: Any) -> None:
+    """Add ``fields`` to the metadata the server will save with ``value``, in place (the server keeps
+    a reference to that dict), also when it handed none (``None``, not ``{}``)."""
+    if value.get("metadata") is None:
+        value["metadata"] = {}
+    value["metadata"].update(fields)
+
+
 def check_ingest_paths(kwargs: Mapping[str, Any]) -> None:
     """Refuse (403) ingest paths that are absolute, contain '..' or leave their root: the data root
     for ``paths``, the collection's upload folder for ``uploads``."""
@@ -294,17 +313,18 @@ async def authenticate(authorization: str | None, headers: dict[bytes, bytes], p
 
 @auth.on.threads.create_run
 async def on_run(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> Auth.types.FilterType | None:
-    kwargs = value.get("kwargs") or {}
     try:
-        # Resolving paths touches the filesystem: keep it off the event loop.
-        await asyncio.to_thread(check_ingest_paths, kwargs)
-        if KEYS is None:
-            return None
-        check_run(_caller(ctx), kwargs, graph_id=default_graph(str(value["assistant_id"])),
-                  default_collection=CommonSettings().collection)
+        for payload in run_payloads(value):
+            # Resolving paths touches the filesystem: keep it off the event loop.
+            await asyncio.to_thread(check_ingest_paths, payload)
+            if KEYS is not None:
+                check_run(_caller(ctx), payload, graph_id=default_graph(str(value["assistant_id"])),
+                          default_collection=CommonSettings().collection)
     except AuthFailure as failure:
         raise _refuse(failure) from None
-    value.setdefault("metadata", {})["owner"] = ctx.user.identity
+    if KEYS is None:
+        return None
+    stamp(value, owner=ctx.user.identity)
     return {"owner": ctx.user.identity}
 
 
@@ -319,7 +339,7 @@ async def on_threads(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> Auth
         except AuthFailure as failure:
             raise _refuse(failure) from None
     if ctx.action == "create":
-        value.setdefault("metadata", {})["owner"] = ctx.user.identity
+        stamp(value, owner=ctx.user.identity)
     return {"owner": ctx.user.identity}
 
 
@@ -334,8 +354,7 @@ async def on_assistants(ctx: Auth.types.AuthContext, value: dict[str, Any]) -> A
         raise _refuse(AuthFailure(403, "changing assistants needs a key allowed on every collection (\"*\")"))
     if ctx.action == "create" or value.get("context") or (value.get("config") or {}).get("configurable"):
         settings = value.get("context") or (value.get("config") or {}).get("configurable") or {}
-        # The server keeps a reference to this dict: update it in place.
-        value.setdefault("metadata", {})["readers"] = readers(KEYS, settings.get("collection") or CommonSettings().collection)
+        stamp(value, readers=readers(KEYS, settings.get("collection") or CommonSettings().collection))
     return None
 
 

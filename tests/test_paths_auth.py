@@ -178,6 +178,40 @@ def test_the_collection_checked_is_the_one_the_run_will_use() -> None:
     _check(FAIRY, {"input": {"paths": ["a"], "collection": "fairy"}}, graph="ingest", default="holmes")
 
 
+def _run_handler(monkeypatch: pytest.MonkeyPatch, value: dict) -> dict | None:
+    """MiA's create-run handler as a server calls it, for the key ``k-fairy``."""
+    import asyncio
+
+    from langgraph_sdk import Auth
+    from langgraph_sdk.auth.types import StudioUser
+
+    from mia.graph import auth as auth_module
+
+    monkeypatch.setattr(auth_module, "KEYS", KEYS)
+    user = StudioUser(FAIRY.identity)
+    ctx = Auth.types.AuthContext(permissions=[f"collection:{c}" for c in FAIRY.collections], user=user,
+                                 resource="threads", action="create_run")
+    return asyncio.run(auth_module.on_run(ctx, value))
+
+
+def test_a_run_s_settings_are_checked_wherever_the_server_puts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``kwargs`` (the SDK's RunsCreate) or flat at the top (Aegra 0.11): a forbidden collection
+    in either is refused, and metadata the server handed as None is created for the owner."""
+    from langgraph_sdk import Auth
+
+    rag = default_graph("rag")
+    assert rag == "rag"
+    for value in ({"assistant_id": "rag", "kwargs": {"context": {"collection": "holmes"}}},
+                  {"assistant_id": "rag", "context": {"collection": "holmes"}, "input": {"messages": []}},
+                  {"assistant_id": "rag", "kwargs": {"context": {"collection": "fairy"}}, "config": {"configurable": {"collection": "holmes"}}}):
+        with pytest.raises(Auth.exceptions.HTTPException) as refused:
+            _run_handler(monkeypatch, value)
+        assert refused.value.status_code == 403 and "'holmes'" in str(refused.value.detail)
+    allowed = {"assistant_id": "rag", "context": {"collection": "fairy"}, "metadata": None}
+    assert _run_handler(monkeypatch, allowed) == {"owner": FAIRY.identity}
+    assert allowed["metadata"] == {"owner": FAIRY.identity}
+
+
 def test_restricted_keys_may_not_choose_models_or_endpoints() -> None:
     message = _refused(FAIRY, {"context": {"collection": "fairy", "chat_base_url": "http://elsewhere"}})
     assert "chat_base_url" in message
