@@ -46,6 +46,10 @@ def writable_dir(path: Path, setting: str) -> Path:
     return path
 
 
+def _postgres(uri: str) -> str:
+    return uri if uri.startswith(("postgres://", "postgresql://")) else ""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Model and store endpoints. Empty strings mean "use the embedded default"."""
@@ -58,10 +62,10 @@ class Settings:
     chat_base_url: str = field(default_factory=lambda: _env("MIA_CHAT_BASE_URL"))
     chat_model: str = field(default_factory=lambda: _env("MIA_CHAT_MODEL"))
     api_key: str = field(default_factory=lambda: _env("MIA_API_KEY") or _env("OPENAI_API_KEY"))
-    database_uri: str = field(default_factory=lambda: _env("MIA_DATABASE_URI"))
+    database_uri: str = field(default_factory=lambda: _env("MIA_DATABASE_URI") or _postgres(_env("DATABASE_URI")))
     """Postgres shared by the replicas of a production server (``mia serve --database-uri`` sets it for its
-    replica): writers of one collection exclude each other there. Not ``DATABASE_URI``, which servers set
-    for themselves (``langgraph dev`` to ``:memory:``)."""
+    replica): writers of one collection exclude each other there. ``DATABASE_URI`` counts only when it
+    is a Postgres address, since servers set it for themselves (``langgraph dev`` to ``:memory:``)."""
 
     @property
     def resolved_chroma_path(self) -> Path:
