@@ -107,6 +107,15 @@ def test_forbidden_collection_gets_403(served: Served) -> None:
                          context={**SMALL, "collection": OTHER})
     status, text = _status(error)
     assert status == 403 and f"may not use collection '{OTHER}'" in text
+    # The same refusal on every other way to start a run: streamed, stateless, in the background.
+    forbidden = {"input": {"messages": [{"role": "user", "content": QUESTION}]}, "context": {**SMALL, "collection": OTHER}}
+    for start in (lambda: list(client.runs.stream(thread["thread_id"], "rag", **forbidden)),
+                  lambda: list(client.runs.stream(None, "rag", **forbidden)),
+                  lambda: client.runs.wait(None, "rag", **forbidden),
+                  lambda: client.runs.create(thread["thread_id"], "rag", **forbidden)):
+        with pytest.raises(httpx.HTTPStatusError) as error:
+            start()
+        assert _status(error)[0] == 403
     # A default assistant answers from the server's collection (MIA_COLLECTION), which this key may not use.
     with pytest.raises(httpx.HTTPStatusError) as error:
         client.runs.wait(thread["thread_id"], "rag", input={"messages": [{"role": "user", "content": QUESTION}]},
