@@ -132,8 +132,14 @@ async def _prepare(request: Request) -> tuple[str, Any, dict[str, Any], GraphSet
     if collection not in await asyncio.to_thread(_collections):
         raise RequestError(404, f"unknown collection {collection!r}: GET /v1/models lists the ones you may use",
                            code="model_not_found")
-    graph = await asyncio.to_thread(load_graph, graph_name)
+    graph = await asyncio.to_thread(stateless_graph, graph_name)
     return str(body["model"]), graph, {"messages": messages}, ctx, body
+
+
+def stateless_graph(name: str) -> Any:
+    """The graph without a checkpointer: a production server (GraphHarbor) attaches its Postgres one to
+    the shared graph object, which would then demand a thread for a run that has none."""
+    return load_graph(name).copy(update={"checkpointer": None})
 
 
 def reply_of(state: dict[str, Any]) -> str:

@@ -112,6 +112,21 @@ def test_a_thread_continues_on_the_other_replica(topology: Topology) -> None:
     assert _status(error)[0] == 404
 
 
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_the_openai_endpoint_answers_on_each_replica(topology: Topology, name: str) -> None:
+    """/v1 runs its graph in the replica's process, without a thread: the server's checkpointer,
+    attached to the shared graph object, must not demand one (streamed or not)."""
+    request = {"model": f"rag:{COLLECTION}", "messages": [{"role": "user", "content": QUESTION}], "context": RETRIEVE}
+    with Served(topology.replicas[name]).http("key-fairy") as http:
+        reply = http.post("/v1/chat/completions", json=request)
+        assert reply.status_code == 200, reply.text  # retrieval only: the reply's text needs the chat model (below)
+        assert reply.json()["object"] == "chat.completion" and reply.json()["choices"][0]["finish_reason"] == "stop"
+        with http.stream("POST", "/v1/chat/completions", json={**request, "stream": True}) as stream:
+            assert stream.status_code == 200
+            events = [line.removeprefix("data: ") for line in stream.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
 def test_a_book_ingested_through_one_replica_is_answered_from_the_other(topology: Topology) -> None:
     a, b = (Served(topology.replicas[n]).sdk("key-admin") for n in "ab")
     output = a.runs.wait(None, "ingest", input={"paths": [f"stories/{STORIES[1]}.txt"], "collection": "shared",
@@ -262,6 +277,10 @@ def test_replicas_read_one_model_server(topology: Topology, embedded_model_file:
                 None, "rag", input={"messages": [{"role": "user", "content": QUESTION}]},
                 context={"collection": COLLECTION, "top_k": 3, "max_new_tokens": 12})
             assert output["answer"].strip()
+            with Served(replica).http("key-fairy") as http:  # /v1 too, run in the replica's own process
+                reply = http.post("/v1/chat/completions", json={"model": f"rag:{COLLECTION}", "max_tokens": 12,
+                                                                "messages": [{"role": "user", "content": QUESTION}]})
+            assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"].strip(), reply.text
             mapped = {m.path for group in replica.groups for p in [psutil.Process(group), *psutil.Process(group).children(recursive=True)]
                       for m in p.memory_maps()}
             assert str(embedded_model_file) not in mapped
