@@ -113,9 +113,17 @@ def test_a_thread_continues_on_the_other_replica(topology: Topology) -> None:
 
 
 @pytest.mark.parametrize("name", ["a", "b"])
-def test_the_openai_endpoint_answers_on_each_replica(topology: Topology, name: str) -> None:
-    """/v1 runs its graph in the replica's process, without a thread: the server's checkpointer,
-    attached to the shared graph object, must not demand one (streamed or not)."""
+def test_the_app_s_own_routes_serve_on_each_replica(topology: Topology, name: str) -> None:
+    """The web page and its API check the keys themselves; /v1 runs its graph in the replica's
+    process, without a thread: the server's checkpointer, attached to the shared graph object, must
+    not demand one (streamed or not)."""
+    with Served(topology.replicas[name]).http(None) as anonymous:
+        page = anonymous.get("/mia/")
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        assert anonymous.get("/mia/api/collections").status_code == 401
+    with Served(topology.replicas[name]).http("key-fairy") as http:
+        listed = [c["collection"] for c in http.get("/mia/api/collections").json()["collections"]]
+        assert COLLECTION in listed and OTHER not in listed
     request = {"model": f"rag:{COLLECTION}", "messages": [{"role": "user", "content": QUESTION}], "context": RETRIEVE}
     with Served(topology.replicas[name]).http("key-fairy") as http:
         reply = http.post("/v1/chat/completions", json=request)
