@@ -34,7 +34,7 @@ import json
 import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from langgraph_sdk import Auth
@@ -176,15 +176,21 @@ def check_run(caller: Caller, kwargs: Mapping[str, Any], *, graph_id: str | None
 RUN_FIELDS = ("input", "config", "context")
 
 
-def run_payloads(value: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _run_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: payload[k] for k in RUN_FIELDS if payload.get(k) is not None}
+
+
+def run_payloads(value: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every place a run's input, config and context may sit: under ``kwargs``, as the SDK's
     ``RunsCreate`` nests them, and at the top level, where another server put them (Aegra 0.11). Each
-    is checked, so a layout MiA does not expect cannot leave a collection unchecked."""
-    flat = {k: value[k] for k in RUN_FIELDS if value.get(k) is not None}
-    return [value.get("kwargs") or {}, *([flat] if flat else [])]
+    distinct one is checked, so a layout MiA does not expect cannot leave a collection unchecked; an
+    empty one only when there is no other, since an empty payload means the server's default
+    collection and would refuse a run that names its own."""
+    found = [p for p in (_run_fields(value.get("kwargs") or {}), _run_fields(value)) if p]
+    return [p for i, p in enumerate(found) if p not in found[:i]] or [{}]
 
 
-def stamp(value: dict[str, Any], **fields: Any) -> None:
+def stamp(value: MutableMapping[str, Any], **fields: Any) -> None:
     """Add ``fields`` to the metadata the server will save with ``value``, in place (the server keeps
     a reference to that dict), also when it handed none (``None``, not ``{}``)."""
     if value.get("metadata") is None:
@@ -313,13 +319,13 @@ async def authenticate(authorization: str | None, headers: dict[bytes, bytes], p
 
 @auth.on.threads.create_run
 async def on_run(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> Auth.types.FilterType | None:
+    graph_id, default_collection = default_graph(str(value["assistant_id"])), CommonSettings().collection
     try:
         for payload in run_payloads(value):
             # Resolving paths touches the filesystem: keep it off the event loop.
             await asyncio.to_thread(check_ingest_paths, payload)
             if KEYS is not None:
-                check_run(_caller(ctx), payload, graph_id=default_graph(str(value["assistant_id"])),
-                          default_collection=CommonSettings().collection)
+                check_run(_caller(ctx), payload, graph_id=graph_id, default_collection=default_collection)
     except AuthFailure as failure:
         raise _refuse(failure) from None
     if KEYS is None:

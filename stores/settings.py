@@ -46,8 +46,14 @@ def writable_dir(path: Path, setting: str) -> Path:
     return path
 
 
-def _postgres(uri: str) -> str:
-    return uri if uri.startswith(("postgres://", "postgresql://")) else ""
+def _replicas_database() -> str:
+    """``DATABASE_URI`` when it is the replicas' Postgres: a Postgres address (``postgresql+DRIVER://``
+    taken as plain) with ``REDIS_URI`` beside it, as ``mia serve`` needs them. A server's own setting
+    (``langgraph dev`` sets ``:memory:``) or an unrelated database does not make ingestion lock there."""
+    uri, scheme = _env("DATABASE_URI"), _env("DATABASE_URI").partition("://")[0]
+    if not _env("REDIS_URI") or scheme.partition("+")[0] not in ("postgres", "postgresql"):
+        return ""
+    return "postgresql://" + uri.partition("://")[2]
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,9 @@ class Settings:
     chat_base_url: str = field(default_factory=lambda: _env("MIA_CHAT_BASE_URL"))
     chat_model: str = field(default_factory=lambda: _env("MIA_CHAT_MODEL"))
     api_key: str = field(default_factory=lambda: _env("MIA_API_KEY") or _env("OPENAI_API_KEY"))
-    database_uri: str = field(default_factory=lambda: _env("MIA_DATABASE_URI") or _postgres(_env("DATABASE_URI")))
+    database_uri: str = field(default_factory=lambda: _env("MIA_DATABASE_URI") or _replicas_database())
     """Postgres shared by the replicas of a production server (``mia serve --database-uri`` sets it for its
-    replica): writers of one collection exclude each other there. ``DATABASE_URI`` counts only when it
-    is a Postgres address, since servers set it for themselves (``langgraph dev`` to ``:memory:``)."""
+    replica): writers of one collection exclude each other there."""
 
     @property
     def resolved_chroma_path(self) -> Path:

@@ -111,7 +111,7 @@ def _advisory_key(collection: str) -> int:
 @contextlib.contextmanager
 def collection_lock(collection: str, settings: Settings | None = None) -> Iterator[None]:
     """Hold ``collection``'s writer lock in the shared Postgres for the block, or raise
-    :class:`StoreBusy` without waiting; nothing without a database (``MIA_DATABASE_URI``).
+    :class:`StoreBusy` without waiting; nothing without the replicas' database (``Settings.database_uri``).
     Re-entrant within one thread."""
     database_uri = (settings or Settings()).database_uri
     held: set[str] = _held.__dict__.setdefault("collections", set())

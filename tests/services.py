@@ -57,13 +57,14 @@ class Postgres:
         _run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", self.options, "-l", str(self.log), "-w",
               "-t", str(TIMEOUT), "start"], TIMEOUT + 10)
 
-    def stop(self, mode: str = "fast") -> None:
-        subprocess.run(_as_postgres([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]),
-                       capture_output=True, timeout=TIMEOUT)
+    def stop(self, mode: str = "fast") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(_as_postgres([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]),
+                              capture_output=True, text=True, timeout=TIMEOUT)
 
     def restart(self) -> None:
         """Stop (every client connection is closed) and start again on the same port."""
-        self.stop()
+        stopped = self.stop()
+        assert stopped.returncode == 0, f"pg_ctl stop failed:\n{stopped.stdout}{stopped.stderr}"
         self.start()
 
 

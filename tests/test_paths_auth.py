@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -21,6 +22,7 @@ from mia.graph.auth import (
     key_identity,
     parse_keys,
     readers,
+    run_payloads,
     visible_assistants,
 )
 from mia.graph.openai_app import parse_model, remainder
@@ -178,7 +180,7 @@ def test_the_collection_checked_is_the_one_the_run_will_use() -> None:
     _check(FAIRY, {"input": {"paths": ["a"], "collection": "fairy"}}, graph="ingest", default="holmes")
 
 
-def _run_handler(monkeypatch: pytest.MonkeyPatch, value: dict) -> dict | None:
+def _run_handler(monkeypatch: pytest.MonkeyPatch, value: dict[str, Any]) -> dict[str, Any] | None:
     """MiA's create-run handler as a server calls it, for the key ``k-fairy``."""
     import asyncio
 
@@ -207,9 +209,19 @@ def test_a_run_s_settings_are_checked_wherever_the_server_puts_them(monkeypatch:
         with pytest.raises(Auth.exceptions.HTTPException) as refused:
             _run_handler(monkeypatch, value)
         assert refused.value.status_code == 403 and "'holmes'" in str(refused.value.detail)
+    # The server's default collection (MIA_COLLECTION) is one this key may not use: a run that names
+    # its own is allowed whichever layout it comes in, and one that names none is refused.
+    monkeypatch.setenv("MIA_COLLECTION", "holmes")
     allowed = {"assistant_id": "rag", "context": {"collection": "fairy"}, "metadata": None}
     assert _run_handler(monkeypatch, allowed) == {"owner": FAIRY.identity}
     assert allowed["metadata"] == {"owner": FAIRY.identity}
+    both = {"assistant_id": "rag", "context": {"collection": "fairy"}, "kwargs": {"context": {"collection": "fairy"}}}
+    assert _run_handler(monkeypatch, both) == {"owner": FAIRY.identity}
+    with pytest.raises(Auth.exceptions.HTTPException, match="holmes"):
+        _run_handler(monkeypatch, {"assistant_id": "rag", "input": {"messages": []}})
+    assert run_payloads({"context": {"a": 1}, "stream_mode": "values", "kwargs": {"context": {"a": 1}, "webhook": None}}) \
+        == [{"context": {"a": 1}}]
+    assert run_payloads({"assistant_id": "rag"}) == [{}]
 
 
 def test_restricted_keys_may_not_choose_models_or_endpoints() -> None:

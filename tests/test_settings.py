@@ -396,16 +396,19 @@ def test_a_collection_is_queried_with_the_embedder_it_recorded(tiny_collection, 
     assert resources.embedder(tiny_collection.store) is load_embedder("minilm") is load_embedder("all-MiniLM-L6-v2")
 
 
-@pytest.mark.parametrize(("own", "server", "expected"), [
-    ("", "", ""),
-    ("", ":memory:", ""),  # what `langgraph dev` sets for itself: no shared database
-    ("", "postgresql://mia@db/mia", "postgresql://mia@db/mia"),  # the replicas' database, exported for them
-    ("postgresql://mia@a/mia", "postgresql://mia@b/mia", "postgresql://mia@a/mia"),
+@pytest.mark.parametrize(("own", "server", "redis", "expected"), [
+    ("", "", "", ""),
+    ("", ":memory:", "redis://r", ""),  # what `langgraph dev` sets for itself: no shared database
+    ("", "postgresql://mia@db/mia", "redis://r", "postgresql://mia@db/mia"),  # the replicas' services, exported
+    ("", "postgresql+psycopg://mia@db/mia", "redis://r", "postgresql://mia@db/mia"),
+    ("", "postgresql://mia@db/mia", "", ""),  # a database alone is not the replicas': no lock taken there
+    ("postgresql://mia@a/mia", "postgresql://mia@b/mia", "redis://r", "postgresql://mia@a/mia"),
 ])
-def test_the_writer_lock_s_database_is_mia_s_own_else_a_postgres_database_uri(
-        monkeypatch: pytest.MonkeyPatch, own: str, server: str, expected: str) -> None:
+def test_the_writer_lock_s_database_is_mia_s_own_else_the_replicas(
+        monkeypatch: pytest.MonkeyPatch, own: str, server: str, redis: str, expected: str) -> None:
     from mia.stores.settings import Settings
 
     monkeypatch.setenv("MIA_DATABASE_URI", own)
     monkeypatch.setenv("DATABASE_URI", server)
+    monkeypatch.setenv("REDIS_URI", redis)
     assert Settings().database_uri == expected
