@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from mia.stores.settings import Settings, offline_environment, writable_dir
-from mia.stores.writer_lock import collection_lock, store_path, writer_lock
+from mia.stores.writer_lock import collection_writer, store_path
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}[a-z0-9]$")
 SUFFIXES = ("__chunks", "__summaries", "__books", "__texts")
@@ -65,7 +65,7 @@ def list_mindscapes(client: Any) -> list[str]:
 def delete_mindscape(name: str, client: Any | None = None) -> None:
     client = client if client is not None else chroma_client()
     validate_name(name)
-    with writer_lock(store_path(client)), collection_lock(name):
+    with collection_writer(store_path(client), name):
         _delete(name, client)
 
 

@@ -20,7 +20,7 @@ from mia.stores.commits import PENDING, BookNotCommitted, Commits
 from mia.stores.units import (LEVEL, WHOLE_BOOK_LEVELS, Level, book_unit_id, chunk_book, level_of, part_of,
                               session_chunks, session_of, session_parts)
 from mia.stores.vector_index import ChunkHit, LevelVectors, level_vectors, nearest
-from mia.stores.writer_lock import collection_lock, store_path, writer_lock
+from mia.stores.writer_lock import collection_writer, store_path
 
 # Chroma rejects larger single writes (~5461 records on SQLite); stay well below it.
 WRITE_BATCH = 2000
@@ -254,7 +254,7 @@ def remove_book(name: str, book: str, client: Any | None = None) -> None:
     """Take one book out of a collection. The book is first turned pending (readers stop seeing it
     at once, and an interrupted removal leaves rows they ignore), then its rows go, its commit row last."""
     client = client if client is not None else chroma_client()
-    with writer_lock(store_path(client)), collection_lock(name):
+    with collection_writer(store_path(client), name):
         store = Mindscape(name, client)
         records = store.commits.records(pending=True)
         if book not in records:

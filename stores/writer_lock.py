@@ -138,3 +138,11 @@ def collection_lock(collection: str, settings: Settings | None = None) -> Iterat
             held.discard(collection)
             with contextlib.suppress(psycopg.Error):
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_advisory_key(collection),))
+
+
+@contextlib.contextmanager
+def collection_writer(store: Path | None, collection: str, settings: Settings | None = None) -> Iterator[None]:
+    """Every lock a writer of ``collection`` holds: its embedded store's file lock (``store``, None for a
+    Chroma server) and the collection's lock across replicas."""
+    with writer_lock(store), collection_lock(collection, settings):
+        yield

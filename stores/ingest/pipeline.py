@@ -31,7 +31,7 @@ from mia.stores.mindscape import Mindscape
 from mia.stores.settings import Settings
 from mia.stores.summaries import SummaryCache
 from mia.stores.tokens import count_tokens
-from mia.stores.writer_lock import collection_lock, settings_store_path, store_path, writer_lock
+from mia.stores.writer_lock import collection_writer, settings_store_path, store_path
 
 
 def ingest(
@@ -59,7 +59,7 @@ def ingest(
     if cards == "llm" and card_model is None:
         raise InputError("--cards llm needs a chat model; pass --cards names to write cards without one")
     client = client if client is not None else chroma_client()
-    with writer_lock(store_path(client)), collection_lock(collection):
+    with collection_writer(store_path(client), collection):
         return _ingest(sources, collection, embedder, options, llm, client, cache, Progress(progress, on_progress),
                        cards, card_model if cards == "llm" else None)
 
@@ -85,7 +85,7 @@ def ingest_sources(
 
     sources = _checked_sources(paths, collection, options, cards)
     settings = Settings()
-    with writer_lock(settings_store_path(settings)), collection_lock(collection, settings):
+    with collection_writer(settings_store_path(settings), collection, settings):
         client = chroma_client(settings)
         llm = load_chat_model() if options.summarizer in LLM_SUMMARIZERS or cards == "llm" else None
         embedder = load_embedder(embedder_spec)
