@@ -64,9 +64,8 @@ class ServerError(RuntimeError):
 class Server:
     url: str
     log: Path
-    pid: int
-    groups: tuple[int, ...] = ()
-    """The process groups that make up the server (a production replica has two)."""
+    groups: tuple[int, ...]
+    """The process groups that make up the server, each led by its process (a production replica has two)."""
 
 
 def _absolute_spec(spec: str, base: Path) -> str:
@@ -314,7 +313,7 @@ def start_server(*, env: Mapping[str, str] | None = None, state_dir: Path | None
                 if time.monotonic() > deadline:
                     raise ServerError(f"the server was not ready after {timeout:.0f}s; log {log}:\n{_log_tail(log)}")
                 time.sleep(0.5)
-        yield Server(url=url, log=log, pid=processes[0].pid, groups=tuple(p.pid for p in processes))
+        yield Server(url=url, log=log, groups=tuple(p.pid for p in processes))
     finally:
         _stop_all(processes)
 
