@@ -24,14 +24,18 @@ from mia.evals.metrics import TOKEN_BUDGETS, bootstrap_ci, pair_accuracy, paired
 
 SCORE_METRICS = ("strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
                  "recall@1", "recall@5", "recall@10", "recall@20",
+                 "answer_in@5", "answer_in@10", "answer_in@20",
                  "f1", "em", "sub_em", "answer_in_passages", "first_citation_holds", "accuracy", "claim_accuracy")
 """The results table's scores. Strict recall leads: plain recall credits a chunk with every gold
-section it touches, so it rewards where a chunker cuts (``metrics.strict_recall_at_k``)."""
-TOKEN_METRICS = tuple(f"{kind}@{budget}tok" for budget in TOKEN_BUDGETS for kind in ("strict_recall", "recall"))
+section it touches, so it rewards where a chunker cuts (``metrics.strict_recall_at_k``). Questions
+with reference answers and no gold spans are scored in a retrieval-only run by ``answer_in@k``: a
+reference's words in the first k chunks."""
+TOKEN_METRICS = tuple(f"{kind}@{budget}tok" for budget in TOKEN_BUDGETS
+                      for kind in ("strict_recall", "recall", "answer_in"))
 """Recall at equal retrieved tokens, in a table of its own: systems whose chunks differ in size
 compared on the same amount of text."""
 COST_METRICS = ("llm_calls", "prompt_tokens", "generated_tokens", "seconds")
-PRIMARY_SCORES = ("f1", "accuracy", "claim_accuracy", "recall@10", "recall@5", "recall@1")
+PRIMARY_SCORES = ("f1", "accuracy", "claim_accuracy", "recall@10", "recall@5", "recall@1", "answer_in@10")
 """The score plotted against source length: the answer metric when there is one, else recall."""
 DECIMALS = {"llm_calls": 2, "seconds": 3}
 """Scores and token counts read well to 0.1; calls and seconds per question are often below 1."""

@@ -506,6 +506,16 @@ def score_question(
                 scores[f"recall@{budget}tok"] = 100.0 * metrics.recall_at_tokens(spans, tokens, gold, budget)
                 scores[f"strict_recall@{budget}tok"] = 100.0 * metrics.strict_recall_at_tokens(spans, tokens, gold, budget)
     if retrieval_only:
+        if passages is not None and question.get("answers"):
+            # Reader's questions have no gold spans: whether a reference's words are in the first k
+            # chunks, or the first N tokens, is their retrieval score, measured without a reader.
+            for k in RECALL_KS[1:]:
+                if len(passages) >= min(k, available):
+                    scores[f"answer_in@{k}"] = 100.0 * metrics.answer_in_passages(passages[:k], question["answers"])
+            for budget in metrics.TOKEN_BUDGETS:
+                if sum(tokens) >= budget or len(spans) >= available:
+                    scores[f"answer_in@{budget}tok"] = 100.0 * metrics.answer_in_passages(
+                        _first_tokens(passages, tokens, budget), question["answers"])
         return scores
     if question.get("claim"):
         scores["claim_accuracy"] = 100.0 * float(answer.strip().upper() == question["label"])
@@ -520,6 +530,23 @@ def score_question(
         if first_citation_holds is not None:
             scores["first_citation_holds"] = 100.0 * first_citation_holds
     return scores
+
+
+def _first_tokens(passages: Sequence[str], tokens: Sequence[int], budget: int) -> list[str]:
+    """The ranked passages a reader of ``budget`` tokens holds: whole ones while they fit, then the
+    crossing one cut in proportion by characters, as ``metrics.within_budget`` cuts spans."""
+    held: list[str] = []
+    used = 0
+    for text, count in zip(passages, tokens):
+        if used >= budget:
+            break
+        if used + count <= budget:
+            held.append(text)
+            used += count
+            continue
+        held.append(text[: -(-len(text) * (budget - used) // max(count, 1))])
+        break
+    return held
 
 
 @dataclass(frozen=True)
@@ -569,7 +596,10 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     seconds = time.perf_counter() - started
     ids = [r["id"] for r in state.get("retrieved") or []]
     spans, tokens = _spans(opened, ids, book_map)
-    read = ids[: ctx.top_k] if hasattr(ctx, "top_k") and not job.variant.retrieval_only else None
+    if job.variant.retrieval_only:
+        read = ids if question.get("answers") else None
+    else:
+        read = ids[: ctx.top_k] if hasattr(ctx, "top_k") else None
     passages = [c["text"] for c in opened.store.chunk_records(read)] if read is not None else None
     cites = [c for c in state.get("citations") or [] if not c.get("card")]
     return _record(job, opened.version, str(state.get("answer") or ""), ids, spans, tokens, opened.size,

@@ -14,6 +14,7 @@ import pytest
 
 from mia.evals import report, runner
 from mia.evals.cli import register
+from mia.evals.metrics import answer_in_passages
 from mia.evals.datasets import DATA_ENV, Dataset, build_custom, default_data_root
 from mia.graph import registry
 from mia.stores.ingest import book_id
@@ -102,10 +103,11 @@ def test_json_output_shape(retrieval_run: tuple[Path, dict[str, Any]], tiny: Dat
     assert (summary["dataset"], summary["split"], summary["questions"]) == ("custom", "test", len(tiny.questions))
     assert list(summary["systems"]) == ["rag", "mia_rag"]
     for row in summary["systems"].values():
-        # retrieval only: answer metrics do not apply and are omitted; costs are zero, not missing
+        # retrieval only: answer metrics do not apply and are omitted, but whether the references' words
+        # were retrieved is scored; costs are zero, not missing
         assert set(row) == {"recall@1", "recall@5", "recall@10", "recall@20", "strict_recall@1", "strict_recall@5",
-                            "strict_recall@10", "strict_recall@20", *report.TOKEN_METRICS,
-                            "llm_calls", "prompt_tokens", "generated_tokens", "seconds"}
+                            "strict_recall@10", "strict_recall@20", "answer_in@5", "answer_in@10", "answer_in@20",
+                            *report.TOKEN_METRICS, "llm_calls", "prompt_tokens", "generated_tokens", "seconds"}
         assert all(row[f"strict_recall@{k}"] <= row[f"recall@{k}"] for k in (1, 5, 10, 20))
         assert row["llm_calls"] == row["prompt_tokens"] == row["generated_tokens"] == 0
 
@@ -117,6 +119,7 @@ def test_recall_matches_hand_check(retrieval_run: tuple[Path, dict[str, Any]], t
     records = [json.loads(line) for line in (out / runner.RESULTS_FILE).read_text().splitlines()]
     assert len(records) == 2 * len(tiny.questions)
     gold_of = {q["id"]: q["gold"] for q in tiny.questions}
+    answers_of = {q["id"]: q["answers"] for q in tiny.questions}
     to_book = {book_id(p): b for p, b in zip(tiny.sources, tiny.books)}
     for record in records:
         # retrieval-only rankings are kept RANKING_DEPTH deep, or whole when the collection is smaller
@@ -129,6 +132,9 @@ def test_recall_matches_hand_check(retrieval_run: tuple[Path, dict[str, Any]], t
                 if any(to_book[c["book"]] == g["book"] and c["start"] < g["end"] and g["start"] < c["end"] for c in chunks[:k])
             ]
             assert record["scores"][f"recall@{k}"] == pytest.approx(100 * len(hit) / len(gold_of[record["id"]]))
+        texts = [c["text"] for c in Mindscape(record["collection"]).chunk_records(record["retrieved"])]
+        for k in (5, 10, 20):
+            assert record["scores"][f"answer_in@{k}"] == 100 * answer_in_passages(texts[:k], answers_of[record["id"]])
     verbatim = next(r for r in records if r["system"] == "rag" and r["id"] == "verbatim")
     assert verbatim["scores"]["recall@1"] == 100.0
     for system, row in summary["systems"].items():
@@ -482,3 +488,17 @@ def test_a_limit_takes_questions_in_turn_from_each_source_or_book() -> None:
     sources = [q("h0", source="hotpot", book="h0"), q("h1", source="hotpot", book="h1"), q("m0", source="musique", book="m0")]
     assert [x["id"] for x in runner.select_questions(sources, 2)] == ["h0", "m0"]  # the source groups, not the books
     assert runner.select_questions(books, None) == books
+
+
+def test_answer_in_at_tokens_reads_whole_passages_then_the_crossing_one_cut_in_proportion() -> None:
+    question = {"answers": ["green door"]}
+    passages = ["aaaa bbbb", "the green", "door here", "never read"]
+    tokens = [4, 4, 4, 4]
+    spans = [("book", 10 * i, 10 * i + 9) for i in range(4)]
+    scores = runner.score_question(question, "", spans, tokens, 4, retrieval_only=True, passages=passages)
+    # 1,000 tokens and more hold all four passages; "door" is in the third
+    assert scores["answer_in@1000tok"] == 100.0 and scores["answer_in@5"] == 100.0
+    assert runner._first_tokens(passages, tokens, 8) == ["aaaa bbbb", "the green"]
+    # 2 of its 4 tokens: 4.5 of its 9 characters, rounded up; 1 of 4: 2.25, rounded up
+    assert runner._first_tokens(passages, tokens, 10) == ["aaaa bbbb", "the green", "door "]
+    assert runner._first_tokens(passages, tokens, 9) == ["aaaa bbbb", "the green", "doo"]
