@@ -47,7 +47,7 @@ from mia.graph import registry
 from mia.nodes import resources
 from mia.nodes.context import (GraphSettings, RetrievalSettings, SignatureSettings, StaticSettings, coerce_setting,
                                context_from)
-from mia.stores.chat import EMBEDDED_NAME
+from mia.stores.chat import EMBEDDED_NAME, forget_prompts
 from mia.stores.embeddings import Embedder, load_embedder
 from mia.stores.ingest import LLM_SUMMARIZERS, IngestOptions, Summarizer, ingest
 from mia.stores.mindscape import Mindscape
@@ -590,6 +590,7 @@ def _run_job(job: Job, opened: _Opened, book_map: dict[str, str]) -> dict[str, A
     # Every variant of a question asks the same query; without this, the first one would pay for
     # the embedding that the rest then read from the embedder's memo, and wall times would lie.
     opened.embedder.forget_queries()
+    forget_prompts()  # nor may it read the prompt the previous variant left in the model
     ctx = context_from(job.variant.graph, overrides)
     started = time.perf_counter()
     state = graph.invoke(payload, context=ctx)

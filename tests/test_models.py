@@ -121,6 +121,14 @@ def test_the_embedded_model_loads_without_extra_cpu_buffers(embedded_chat: chat_
     assert bindings.llama_model_default_params().use_extra_bufts is True
 
 
+def test_forgotten_prompts_are_read_again_from_the_start(embedded_chat: chat_module.LlamaCppChat) -> None:
+    llama, _ = embedded_chat.llama()
+    embedded_chat.invoke([HumanMessage("What is the capital of France?")])
+    assert llama.n_tokens > 0  # the prompt and reply stay evaluated, for the next prompt's shared prefix
+    chat_module.forget_prompts()
+    assert llama.n_tokens == 0
+
+
 def test_embedded_chat_model_streams_with_usage(embedded_chat: chat_module.LlamaCppChat) -> None:
     chunks = list(embedded_chat.stream([HumanMessage("Count from one to three in words.")]))
     assert len(chunks) > 2, "tokens must arrive one by one"
