@@ -515,7 +515,7 @@ def score_question(
             for budget in metrics.TOKEN_BUDGETS:
                 if sum(tokens) >= budget or len(spans) >= available:
                     scores[f"answer_in@{budget}tok"] = 100.0 * metrics.answer_in_passages(
-                        _first_tokens(passages, tokens, budget), question["answers"])
+                        _first_tokens(passages, spans, tokens, budget), question["answers"])
         return scores
     if question.get("claim"):
         scores["claim_accuracy"] = 100.0 * float(answer.strip().upper() == question["label"])
@@ -532,21 +532,11 @@ def score_question(
     return scores
 
 
-def _first_tokens(passages: Sequence[str], tokens: Sequence[int], budget: int) -> list[str]:
-    """The ranked passages a reader of ``budget`` tokens holds: whole ones while they fit, then the
-    crossing one cut in proportion by characters, as ``metrics.within_budget`` cuts spans."""
-    held: list[str] = []
-    used = 0
-    for text, count in zip(passages, tokens):
-        if used >= budget:
-            break
-        if used + count <= budget:
-            held.append(text)
-            used += count
-            continue
-        held.append(text[: -(-len(text) * (budget - used) // max(count, 1))])
-        break
-    return held
+def _first_tokens(passages: Sequence[str], spans: Sequence[metrics.Span], tokens: Sequence[int],
+                  budget: int) -> list[str]:
+    """The ranked passages (each its span's text) a reader of ``budget`` tokens holds, cut where
+    ``metrics.within_budget`` cuts their spans."""
+    return [text[: end - start] for text, (_, start, end) in zip(passages, metrics.within_budget(spans, tokens, budget))]
 
 
 @dataclass(frozen=True)

@@ -498,7 +498,7 @@ def test_answer_in_at_tokens_reads_whole_passages_then_the_crossing_one_cut_in_p
     scores = runner.score_question(question, "", spans, tokens, 4, retrieval_only=True, passages=passages)
     # 1,000 tokens and more hold all four passages; "door" is in the third
     assert scores["answer_in@1000tok"] == 100.0 and scores["answer_in@5"] == 100.0
-    assert runner._first_tokens(passages, tokens, 8) == ["aaaa bbbb", "the green"]
+    assert runner._first_tokens(passages, spans, tokens, 8) == ["aaaa bbbb", "the green"]
     # 2 of its 4 tokens: 4.5 of its 9 characters, rounded up; 1 of 4: 2.25, rounded up
-    assert runner._first_tokens(passages, tokens, 10) == ["aaaa bbbb", "the green", "door "]
-    assert runner._first_tokens(passages, tokens, 9) == ["aaaa bbbb", "the green", "doo"]
+    assert runner._first_tokens(passages, spans, tokens, 10) == ["aaaa bbbb", "the green", "door "]
+    assert runner._first_tokens(passages, spans, tokens, 9) == ["aaaa bbbb", "the green", "doo"]
