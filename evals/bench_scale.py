@@ -42,6 +42,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from mia.evals.plots import save_png
 from mia.stores.settings import data_root
 from mia.stores.units import Level
 
@@ -436,7 +437,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     ax3.legend(fontsize=7)
     fig.suptitle(f"mia bench scale: {result['embedder']}, {result['machine']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
 
 
 def cmd_scale_bench(args: argparse.Namespace) -> int:

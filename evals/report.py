@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from mia.evals.plots import save_png
 from mia.evals.metrics import TOKEN_BUDGETS, bootstrap_ci, pair_accuracy, paired_bootstrap_ci
 
 SCORE_METRICS = ("strict_recall@1", "strict_recall@5", "strict_recall@10", "strict_recall@20",
@@ -361,7 +362,7 @@ def plot_recall(path: Path, grouped: dict[str, list[dict[str, Any]]], systems: S
     ax.set_ylabel("Recall@k (%); dashed: strict recall@k")
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize="x-small")
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     return True
 
 
@@ -400,7 +401,7 @@ def plot_cost(path: Path, run: dict[str, Any], grouped: dict[str, list[dict[str,
     fig.legend(handles, labels, loc="outside right upper", fontsize="x-small")
     if run["retrieval_only"]:
         fig.suptitle("retrieval only: no LLM calls, so no tokens", fontsize="small")
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
 
 
 def _plotted(record: dict[str, Any], metric: str) -> float:

@@ -60,6 +60,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mia.evals import metrics
+from mia.evals.plots import save_png
 from mia.evals.runner import collection_name, prepare_parts
 from mia.nodes.context import MiaRagSettings
 from mia.nodes.signature_init import select_signature
@@ -549,7 +550,7 @@ def plot_curve(curve: Sequence[dict[str, Any]], rag: dict[str, float], best_epoc
     ax.set_title("signature head: validation")
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)
 
 
