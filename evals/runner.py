@@ -70,6 +70,9 @@ SUMMARY_FILE = "summary.json"
 DEFAULT_LENGTH = 32000
 HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 """Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
+ADDED_SWITCHES = {"hypothetical_passage": False}
+"""Switches added after results were cached, with the value that does what the graphs did before
+them: at that value a switch is left out of the fingerprint, so those results stay reusable."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ class Variant:
         settings = {name: getattr(self.context, name) for name in read}
         if settings.get("retriever") == "dense":
             settings = {name: value for name, value in settings.items() if name not in HYBRID_ONLY}
+        settings = {name: value for name, value in settings.items()
+                    if not (name in ADDED_SWITCHES and value == ADDED_SWITCHES[name])}
         if "chat_model" in settings and not settings["chat_model"] and not settings.get("chat_base_url"):
             settings["chat_model"] = EMBEDDED_NAME  # the default reader by name: a changed default is another configuration
         payload = {"graph": self.graph, "context": settings, "ingest": asdict(self.ingest)}
@@ -834,7 +839,7 @@ def run_eval(
         "retrieval_only": retrieval_only,
         "summarizer": summarizer,
         "embedder": embedder.name,
-        "chat_model": "none (retrieval only)" if retrieval_only else _chat_label(variants),
+        "chat_model": _chat_label(variants, retrieval_only),
         "command": command or shlex.join([sys.executable, *sys.argv]),
         "settings": settings or {},
         "sweeps": sweeps or {},
@@ -869,11 +874,16 @@ def _part_info(part: Part, limit: int | None) -> dict[str, Any]:
     }
 
 
-def _chat_label(variants: Sequence[Variant]) -> str:
-    """Names the chat model(s) without loading one: the report header must not cost a model load."""
+def _chat_label(variants: Sequence[Variant], retrieval_only: bool) -> str:
+    """Names the chat model(s) without loading one: the report header must not cost a model load. A
+    retrieval-only run calls one only for the variants that write a hypothetical passage."""
+    calling = [v for v in variants if v.context is not None
+               and (not retrieval_only or getattr(v.context, "hypothetical_passage", False))]
     labels = {
         f"{v.context.chat_model or 'default'} at {v.context.chat_base_url}" if v.context.chat_base_url
         else v.context.chat_model or EMBEDDED_NAME
-        for v in variants if v.context is not None
+        for v in calling
     }
+    if retrieval_only:
+        return "none (retrieval only)" if not labels else f"{', '.join(sorted(labels))} (hypothetical passages only)"
     return ", ".join(sorted(labels))

@@ -195,9 +195,14 @@ class RetrievalSettings(GraphSettings):
 
 @dataclass(kw_only=True)
 class StaticSettings(GraphSettings):
-    """Read by the static pipelines, whose retrieval does not depend on the chat model."""
+    """Read by the static pipelines: a fixed path of nodes, so a run can stop after retrieval and be scored on it."""
 
-    retrieval_only: bool = _setting(False, "Stop after retrieval, with no call to the model (evaluation, debugging).")
+    retrieval_only: bool = _setting(False, "Stop after retrieval, with no answer from the model (evaluation, debugging); "
+                                           "a hypothetical passage is still written.")
+    hypothetical_passage: bool = _setting(
+        False, "The model first writes a short passage that could answer the question; retrieval searches with both, "
+        "finding passages in words the question lacks."
+    )
 
 
 @dataclass(kw_only=True)

@@ -19,15 +19,15 @@ def retrieve(state: QAState, runtime: Runtime[RagSettings]) -> dict[str, Any]:
     """Query-only RAG: the top_k chunks by the query vector."""
     ctx = runtime.context
     store = resources.mindscape(ctx)
-    query_vec = resources.embedder(store).embed_query(state["question"])
-    hits = query_only(store, query_vec, ctx.top_k, text=state["question"], fusion=Fusion.of(ctx),
+    query_vec = resources.embedder(store).embed_query(search_text(state))
+    hits = query_only(store, query_vec, ctx.top_k, text=search_text(state), fusion=Fusion.of(ctx),
                       depth=ctx.candidates, for_signature=False)
     return {"retrieved": as_scored(hits)}
 
 
 def init_signature(state: QAState, runtime: Runtime[MiaRagSettings]) -> dict[str, Any]:
     """Step 0 (E1, K0 candidates) and the signature selected from the summaries they light up."""
-    return initial_signature(state["question"], runtime.context)
+    return initial_signature(search_text(state), runtime.context)
 
 
 def retrieve_with_signature(state: QAState, runtime: Runtime[MiaRagSettings]) -> dict[str, Any]:
@@ -36,10 +36,16 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[MiaRagSettings]) ->
     ctx = runtime.context
     store = resources.mindscape(ctx, state.get("snapshot", ""))
     embedder = resources.embedder(store)
-    query_vec = embedder.embed_query(state["question"])
+    query_vec = embedder.embed_query(search_text(state))
     summary_ids = [s["id"] for s in state["signature"]]
-    hits = signature_ranking(ctx, store, embedder, state["question"], query_vec, summary_ids, ctx.top_k)
+    hits = signature_ranking(ctx, store, embedder, search_text(state), query_vec, summary_ids, ctx.top_k)
     return {"retrieved": [h.as_dict() for h in hits]}
+
+
+def search_text(state: QAState) -> str:
+    """What the retrieval nodes search with (``hypothesis.hypothesize``); the question itself for a
+    state that came before that node existed."""
+    return state.get("search") or state["question"]
 
 
 def after_retrieval(state: QAState, runtime: Runtime[StaticSettings]) -> str:

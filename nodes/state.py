@@ -63,6 +63,8 @@ class QAState(InputState, OutputState, total=False):
     """Static graphs (rag, mia_rag): ``asked_id`` marks the human message already answered on a thread."""
 
     asked_id: str
+    search: str
+    """What retrieval searches with: the question, or the question and a hypothetical passage."""
     snapshot: str
     """The token under which step 0 shared its store snapshot with E2 (``resources.share``)."""
 

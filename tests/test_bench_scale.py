@@ -77,7 +77,8 @@ def test_each_node_is_timed_from_the_update_before_it() -> None:
 @pytest.mark.slow
 def test_retrieval_bench_times_both_graphs_per_node(tiny_collection, capsys: pytest.CaptureFixture[str]) -> None:
     result = measure_retrieval(tiny_collection.name, n_questions=2)
-    nodes = {"rag": ["prepare", "retrieve", "total"], "mia_rag": ["prepare", "init_signature", "retrieve", "total"]}
+    nodes = {"rag": ["prepare", "hypothesize", "retrieve", "total"],
+             "mia_rag": ["prepare", "hypothesize", "init_signature", "retrieve", "total"]}
     assert {system: list(stages) for system, stages in result["stages"].items()} == {
         **nodes, **{f"{name}, {MEMOISED}": stages for name, stages in nodes.items()}}
     assert all(stage["mean"] > 0 for stages in result["stages"].values() for stage in stages.values())

@@ -119,7 +119,7 @@ def _node(graph: str, name: str) -> Callable[..., Any]:
 def test_the_scan_catches_an_unread_setting_and_a_missing_one() -> None:
     """The check above is not vacuous: a form with a setting no node reads fails it, and so does a
     node that reads a setting outside its graph's form."""
-    prepare, retrieve, generate = (_node("rag", name) for name in ("prepare", "retrieve", "generate"))
+    prepare, hypothesize, retrieve, generate = (_node("rag", name) for name in ("prepare", "hypothesize", "retrieve", "generate"))
     init_signature = _node("mia_rag", "init_signature")
     after_retrieval = next(iter(_builder("rag").branches["retrieve"].values())).path.func
 
@@ -133,9 +133,9 @@ def test_the_scan_catches_an_unread_setting_and_a_missing_one() -> None:
             builder.add_node(node.__name__, node)
         return builder
 
-    assert _mismatch(built(Padded, prepare, retrieve, generate)) == ({"retrieval_only", "unused_knob"}, set())
-    assert _mismatch(built(RagSettings, prepare, retrieve, generate, init_signature))[1] >= {"k0", "k_sum", "signature_init"}
-    builder = built(RagSettings, prepare, retrieve, generate)
+    assert _mismatch(built(Padded, prepare, hypothesize, retrieve, generate)) == ({"retrieval_only", "unused_knob"}, set())
+    assert _mismatch(built(RagSettings, prepare, hypothesize, retrieve, generate, init_signature))[1] >= {"k0", "k_sum", "signature_init"}
+    builder = built(RagSettings, prepare, hypothesize, retrieve, generate)
     builder.add_conditional_edges("retrieve", after_retrieval)
     assert _mismatch(builder) == (set(), set())
 
@@ -147,7 +147,7 @@ def test_the_scan_catches_an_unread_setting_and_a_missing_one() -> None:
         dead_constant: ClassVar[int] = 2
 
     assert fixed_settings(Fixed) == {"dead_constant": 2}
-    assert _mismatch(built(Fixed, prepare, retrieve, generate)) == ({"retrieval_only", "unused_knob", "dead_constant"}, set())
+    assert _mismatch(built(Fixed, prepare, hypothesize, retrieve, generate)) == ({"retrieval_only", "unused_knob", "dead_constant"}, set())
     coverage_knobs = {"lambda_q", "lambda_c", "lambda_d", "selection_embedder"}
     agent_init = _node("mia_agent", "init_signature")
     assert settings_read_by([agent_init]) >= coverage_knobs  # read under signature_init=coverage ...
