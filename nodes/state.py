@@ -53,6 +53,9 @@ class OutputState(TypedDict, total=False):
     guard: dict[str, Any]
     """What the injection guard did for the answer: spans cut from the passages (book offsets),
     answers rejected as traced to an instruction."""
+    search: str
+    """What the static graphs' retrieval searched with: the question, or the question and the passage
+    the model wrote for it (``hypothetical_passage``), shown so a user can see why a passage was found."""
     step0: list[dict[str, Any]]
     """The step-0 query-only ranking (K0 ids with scores) of the graphs that select a signature:
     what the signature changed is read against it (``--explain``, the web page). The server streams
@@ -63,8 +66,6 @@ class QAState(InputState, OutputState, total=False):
     """Static graphs (rag, mia_rag): ``asked_id`` marks the human message already answered on a thread."""
 
     asked_id: str
-    search: str
-    """What retrieval searches with: the question, or the question and a hypothetical passage."""
     snapshot: str
     """The token under which step 0 shared its store snapshot with E2 (``resources.share``)."""
 

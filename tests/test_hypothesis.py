@@ -11,6 +11,7 @@ import pytest
 from langchain_core.language_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 
+from mia.graph import cli as mia_cli
 from mia.graph.registry import load_graph
 from mia.nodes import resources
 from mia.nodes.context import context_from
@@ -58,6 +59,10 @@ def test_retrieval_ranks_by_the_question_and_the_written_passage(graph: str, tin
     assert [r["id"] for r in guided["retrieved"]] == [r["id"] for r in combined["retrieved"]]
     assert guided["retrieved"] != plain["retrieved"]
     assert guided["retrieved"][0]["id"].startswith("fox-and-wolf")
+    ctx = context_from(graph, {"collection": tiny_collection.name})
+    assert guided["search"] == f"{QUESTION}\n{PASSAGE}" and plain["search"] == QUESTION
+    assert f"passage the model wrote for it (hypothetical_passage):\n  {PASSAGE}" in mia_cli._explain(tiny_collection.name, guided, ctx)
+    assert "hypothetical_passage" not in mia_cli._explain(tiny_collection.name, plain, ctx)
 
 
 def test_the_reader_gets_the_question_alone(tiny_collection, writer) -> None:
