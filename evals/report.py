@@ -199,7 +199,7 @@ def _misses_table(grouped: dict[str, list[dict[str, Any]]], systems: Sequence[st
     return ["", f"## Reading against retrieval (open answers; a miss has F1 below {MISSED_BELOW_F1:g})", "",
             "A reading miss had every word of some reference answer (SQuAD-normalised) in the passages its reader "
             "was given; a retrieval miss did not. Of the answers, how many quote in their first citation a sentence "
-            "that holds every word of the answer (stemmed, stopwords dropped).", "",
+            "(or up to three consecutive ones) that holds every word of the answer (stemmed, stopwords dropped).", "",
             "| system | questions | answered (F1 ≥ 50) | of them, first citation holds the answer | missed | reading misses "
             "| retrieval misses |",
             "|---|---|---|---|---|---|---|", *rows]

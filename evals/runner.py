@@ -497,7 +497,7 @@ def score_question(
     tokens needs chunks of N ``tokens`` retrieved (the last may cross N), or all ``available``
     ones; answer metrics need a run that answered, and ``answer_in_passages`` the texts of the
     ``passages`` its reader was given (a graph that reads the whole source has none), and
-    ``first_citation_holds`` whether the answer's first citation quotes a sentence holding all of its
+    ``first_citation_holds`` whether the answer's first citation quotes a sentence (or a short run of them) holding all of its
     words (None: the graph cites nothing)."""
     scores: dict[str, float] = {}
     gold = [(g["book"], g["start"], g["end"]) for g in question.get("gold") or []]

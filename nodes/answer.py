@@ -292,23 +292,36 @@ QUOTE_CHARS = 160
 """Longest quote of a supporting sentence in the chat reply (the citation carries it whole)."""
 
 
-def supporting_sentence(chunk: dict[str, Any], answer: str, question: str) -> tuple[tuple[int, int], dict[str, Any]]:
-    """The chunk's sentence that best supports the answer, and its score.
+SUPPORT_SENTENCES = 3
+"""Most consecutive sentences a citation may quote: an answer said over neighbouring sentences
+("John … Lawrence Cavendish") is supported by them together, and a sentence cut after "Mrs." is
+quoted with the name it was cut from."""
 
-    Scored by the answer's terms it holds (stemmed words, stopwords dropped), then the question's:
-    a short answer ("Afghanistan") is found in the sentence that says it, and an answer that shares
-    no word with the passage (TRUE, a paraphrase) falls back to the sentence nearest the question.
-    Ties go to the earlier sentence. Offsets are the book's, so ``text == book[start:end]``.
+
+def supporting_sentence(chunk: dict[str, Any], answer: str, question: str) -> tuple[tuple[int, int], dict[str, Any]]:
+    """The chunk's sentence, or shortest run of up to ``SUPPORT_SENTENCES`` consecutive sentences,
+    that best supports the answer, and its score.
+
+    Scored by the answer's terms it holds (stemmed words, stopwords dropped), then fewer sentences,
+    then the question's terms: a short answer ("Afghanistan") is found in the sentence that says it,
+    and an answer that shares no word with the passage (TRUE, a paraphrase) falls back to the
+    sentence nearest the question. Ties go to the earlier sentence. Offsets are the book's, so
+    ``text == book[start:end]``.
     """
     text = chunk["text"]
     wanted, asked = set(tokenize(answer, stem=True)), set(tokenize(question, stem=True))
-
-    def score(span: tuple[int, int]) -> tuple[int, int]:
-        terms = set(tokenize(text[span[0]:span[1]], stem=True))
-        return len(wanted & terms), len(asked & terms)
-
-    best_score, best = max(((score(span), span) for span in sentence_spans(text) or [(0, len(text))]), key=lambda p: p[0])
-    return best_score, {"start": chunk["start"] + best[0], "end": chunk["start"] + best[1], "text": text[best[0]:best[1]]}
+    spans = sentence_spans(text) or [(0, len(text))]
+    terms = [set(tokenize(text[a:b], stem=True)) for a, b in spans]
+    best_key, best = (-1, 0, 0), spans[0]
+    for i in range(len(spans)):
+        held: set[str] = set()
+        for j in range(i, min(i + SUPPORT_SENTENCES, len(spans))):
+            held |= terms[j]
+            key = (len(wanted & held), i - j, len(asked & held))
+            if key > best_key:
+                best_key, best = key, (spans[i][0], spans[j][1])
+    return (best_key[0], best_key[2]), {"start": chunk["start"] + best[0], "end": chunk["start"] + best[1],
+                                        "text": text[best[0]:best[1]]}
 
 
 def citations(answer_text: str, chunks: Sequence[dict[str, Any]], question: str = "", answer: str | None = None) -> list[dict[str, Any]]:
@@ -317,7 +330,7 @@ def citations(answer_text: str, chunks: Sequence[dict[str, Any]], question: str 
     Small models often omit markers; the passages given whose sentences best support the answer
     (``supporting_sentence``; retrieval order breaks ties) are then the honest provenance, marked as
     not cited by the model. They also cite a neighbour of the right passage (a heading, the table of
-    contents): a cited passage with no sentence that holds all of the answer's words gives its place
+    contents): a cited passage with no sentence (or short run of them) that holds all of the answer's words gives its place
     to the best passage given that has one (``moved_from`` names the model's number), and
     ``holds_answer`` says of each citation whether its sentence holds them. ``answer`` is what the
     answer says (a phrase, an option's text, or "" when only the question can guide, as for TRUE /

@@ -62,6 +62,23 @@ def test_a_citation_moves_to_the_passage_that_holds_the_answer() -> None:
     assert [c["n"] for c in citations("the farmer, a seed [1]", CHUNKS, "", "the farmer, a seed")] == [2]
 
 
+def test_an_answer_said_over_neighbouring_sentences_is_quoted_from_all_of_them() -> None:
+    """No one sentence says "farmer" and "pears", the first two together do: the quote is that run,
+    not a sentence that holds half the answer; a sentence that holds all of it is still preferred,
+    and a splitter's cut after "Mrs." does not split the name the answer gives."""
+    score, run = supporting_sentence(CHUNKS[0], "a farmer with pears", "")
+    assert run == {"start": 0, "end": 67, "text": BOOK[:67]} and score == (2, 0)
+    assert citations("A farmer with pears [1].", CHUNKS, "", "a farmer with pears")[0]["holds_answer"]
+    assert supporting_sentence(CHUNKS[1], "seed", "")[1]["text"] == "The farmer refused; the bonze planted a seed."
+    titled = {"id": "inn:c000000", "book": "inn", "index": 0, "start": 10, "end": 56,
+              "text": "It rained. I saw Mrs. Cavendish in the garden."}
+    assert supporting_sentence(titled, "Mrs. Cavendish", "")[1] == {
+        "start": 21, "end": 56, "text": "I saw Mrs. Cavendish in the garden."}
+    # At most SUPPORT_SENTENCES sentences: words four sentences apart are not one quote.
+    apart = {**titled, "text": "Pears. One. Two. Three. Seed."}
+    assert supporting_sentence(apart, "pears seed", "")[0][0] == 1
+
+
 def test_the_reply_quotes_each_source() -> None:
     cited = citations("Pears [1].", CHUNKS, "What had the farmer carted?", "Pears")
     assert reply_text("Pears", cited) == "Pears\n\nSources: [1] farmer, chunk 0 (chars 0–67) “He had carted pears to market.”"

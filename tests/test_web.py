@@ -384,6 +384,7 @@ def test_the_panel_shows_and_sends_the_chosen_graphs_settings(site: Site, browse
     web_page.choose(browser, "graph", "rag")
     web_page.wait_for(browser, lambda d: not d.find_elements("id", "setting-k_sum"), 30, "rag's settings panel")
     assert browser.find_element("id", "setting-top_k").get_attribute("value") == "3"
+    browser.find_element("id", "setting-hypothetical_passage").click()  # a checkbox: the bool settings
     browser.execute_script("""
         window.sentContexts = [];
         const send = window.fetch;
@@ -393,7 +394,10 @@ def test_the_panel_shows_and_sends_the_chosen_graphs_settings(site: Site, browse
         };""")
     message = web_page.ask(browser, QUESTION)
     assert "failed" not in message.get_attribute("class"), message.text
-    assert browser.execute_script("return window.sentContexts;") == [{"top_k": 3, "max_new_tokens": 16, "collection": "fairy"}]
+    assert browser.execute_script("return window.sentContexts;") == [
+        {"top_k": 3, "max_new_tokens": 16, "hypothetical_passage": True, "collection": "fairy"}]
+    searched = browser.find_element("id", "search-panel")  # the inspector shows what retrieval searched with
+    assert "the passage the model wrote" in searched.text and searched.find_element("css selector", "p").text.strip()
     web_page.choose(browser, "graph", "mia_rag")
     web_page.wait_for(browser, lambda d: d.find_elements("id", "setting-k_sum"), 30, "mia_rag's settings panel")
     assert browser.find_element("id", "setting-k_sum").get_attribute("value") == "2"

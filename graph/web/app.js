@@ -5,7 +5,7 @@
 
 const GENERATING_NODES = new Set(["generate", "answer"]);
 const PANEL_SETTINGS = ["top_k", "alpha", "k_sum", "retriever", "answer_inputs", "k0", "max_new_tokens",
-                        "max_steps", "step_k", "signature_init", "bm25_weight", "bm25_stemming"];
+                        "max_steps", "step_k", "signature_init", "bm25_weight", "bm25_stemming", "hypothetical_passage"];
 const RANKING_ROWS = 20;
 
 const state = {
@@ -519,7 +519,13 @@ async function renderInspector(run) {
   for (const s of run.steps) for (const id of s.signature || []) summaryIds.add(id);
   $("inspector-empty").hidden = true;
   $("inspector-label").textContent = `— ${run.graph}: “${run.question}”`;
-  for (const id of ["signature-panel", "strip-panel", "rankings-panel", "steps-panel"]) $(id).replaceChildren();
+  for (const id of ["search-panel", "signature-panel", "strip-panel", "rankings-panel", "steps-panel"]) $(id).replaceChildren();
+  const asked = values.question || run.question;
+  const written = (values.search || "").startsWith(asked) ? values.search.slice(asked.length).trim() : "";
+  if (written) {
+    $("search-panel").append(el("h3", {}, "Searched with the question and the passage the model wrote for it"),
+      el("p", {class: "muted"}, written));
+  }
   let looked = {chunks: {}, summaries: {}, books: {}};
   if (chunkIds.size || summaryIds.size) {
     looked = await postJson(`/mia/api/collections/${enc(run.collection)}/lookup`, {chunks: [...chunkIds], summaries: [...summaryIds]});
