@@ -149,10 +149,9 @@ def _explain(store_name: str, state: dict[str, Any], ctx: GraphSettings) -> str:
 
     store = Mindscape(store_name)
     lines: list[str] = []
-    written = (state.get("search") or "").removeprefix(state.get("question", "")).strip()
-    if written:
+    if state.get("hypothesis"):
         lines.append("Searched with the question and the passage the model wrote for it (hypothetical_passage):")
-        lines.append("  " + written.replace("\n", "\n  "))
+        lines.append("  " + state["hypothesis"].replace("\n", "\n  "))
     if state.get("signature"):
         lines.append("Signature (selection order, marginal gains: total = relevance + coverage + diversity):")
         texts = {r["id"]: r["text"] for r in store.summary_records([s["id"] for s in state["signature"]])}

@@ -33,17 +33,17 @@ MOST_TITLES = 5
 
 
 def hypothesize(state: QAState, runtime: Runtime[StaticSettings]) -> dict[str, Any]:
-    """The text retrieval searches with: the question, and under ``hypothetical_passage`` the passage
-    the model writes for it after it."""
+    """Under ``hypothetical_passage``, the passage the model writes for the question, which retrieval
+    searches with after the question (``qa.search_text``); nothing otherwise."""
     ctx = runtime.context
     question = state["question"]
     if not ctx.hypothetical_passage:
-        return {"search": question}
+        return {}
     titles = prompts.fence(book_titles(resources.mindscape(ctx)), tag="titles", guard=ctx.injection_guard)
     llm = resources.chat_model(ctx, PASSAGE_TOKENS).with_config(tags=["nostream"])
     reply = llm.invoke(prompts.messages("hypothesis", titles=titles, question=question),
                        frequency_penalty=FREQUENCY_PENALTY)
-    return {"search": f"{question}\n{reply.text.strip()}", "usage": usage_of(reply, "hypothesize")}
+    return {"hypothesis": reply.text.strip(), "usage": usage_of(reply, "hypothesize")}
 
 
 def book_titles(store: Mindscape) -> str:

@@ -19,8 +19,9 @@ def retrieve(state: QAState, runtime: Runtime[RagSettings]) -> dict[str, Any]:
     """Query-only RAG: the top_k chunks by the query vector."""
     ctx = runtime.context
     store = resources.mindscape(ctx)
-    query_vec = resources.embedder(store).embed_query(search_text(state))
-    hits = query_only(store, query_vec, ctx.top_k, text=search_text(state), fusion=Fusion.of(ctx),
+    search = search_text(state)
+    query_vec = resources.embedder(store).embed_query(search)
+    hits = query_only(store, query_vec, ctx.top_k, text=search, fusion=Fusion.of(ctx),
                       depth=ctx.candidates, for_signature=False)
     return {"retrieved": as_scored(hits)}
 
@@ -36,16 +37,17 @@ def retrieve_with_signature(state: QAState, runtime: Runtime[MiaRagSettings]) ->
     ctx = runtime.context
     store = resources.mindscape(ctx, state.get("snapshot", ""))
     embedder = resources.embedder(store)
-    query_vec = embedder.embed_query(search_text(state))
+    search = search_text(state)
+    query_vec = embedder.embed_query(search)
     summary_ids = [s["id"] for s in state["signature"]]
-    hits = signature_ranking(ctx, store, embedder, search_text(state), query_vec, summary_ids, ctx.top_k)
+    hits = signature_ranking(ctx, store, embedder, search, query_vec, summary_ids, ctx.top_k)
     return {"retrieved": [h.as_dict() for h in hits]}
 
 
 def search_text(state: QAState) -> str:
-    """What the retrieval nodes search with (``hypothesis.hypothesize``); the question itself for a
-    state that came before that node existed."""
-    return state.get("search") or state["question"]
+    """What the retrieval nodes search with: the question, then the passage the model wrote for it
+    under ``hypothetical_passage`` (``hypothesis.hypothesize``)."""
+    return "\n".join(filter(None, (state["question"], state.get("hypothesis"))))
 
 
 def after_retrieval(state: QAState, runtime: Runtime[StaticSettings]) -> str:

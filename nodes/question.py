@@ -43,7 +43,7 @@ def prepare(state: QAState, runtime: Runtime[CommonSettings]) -> dict[str, Any]:
     the earlier turns, since retrieval only sees the question; the first turn costs no LLM call.
     """
     question = question_of(state)
-    update: dict[str, Any] = {"usage": {"reset": True}, "signature": [], "step0": [], "snapshot": "", "search": "",
+    update: dict[str, Any] = {"usage": {"reset": True}, "signature": [], "step0": [], "snapshot": "", "hypothesis": "",
                               "retrieved": [], "citations": [], "answer": ""}
     messages = state.get("messages") or []
     last = messages[-1] if messages else None

@@ -53,9 +53,10 @@ class OutputState(TypedDict, total=False):
     guard: dict[str, Any]
     """What the injection guard did for the answer: spans cut from the passages (book offsets),
     answers rejected as traced to an instruction."""
-    search: str
-    """What the static graphs' retrieval searched with: the question, or the question and the passage
-    the model wrote for it (``hypothetical_passage``), shown so a user can see why a passage was found."""
+    hypothesis: str
+    """The passage the model wrote for the question under ``hypothetical_passage`` (empty otherwise),
+    which the static graphs' retrieval searched with after the question: shown so a user can see why a
+    passage was found."""
     step0: list[dict[str, Any]]
     """The step-0 query-only ranking (K0 ids with scores) of the graphs that select a signature:
     what the signature changed is read against it (``--explain``, the web page). The server streams

@@ -60,7 +60,7 @@ def test_retrieval_ranks_by_the_question_and_the_written_passage(graph: str, tin
     assert guided["retrieved"] != plain["retrieved"]
     assert guided["retrieved"][0]["id"].startswith("fox-and-wolf")
     ctx = context_from(graph, {"collection": tiny_collection.name})
-    assert guided["search"] == f"{QUESTION}\n{PASSAGE}" and plain["search"] == QUESTION
+    assert guided["hypothesis"] == PASSAGE and plain["hypothesis"] == ""
     assert f"passage the model wrote for it (hypothetical_passage):\n  {PASSAGE}" in mia_cli._explain(tiny_collection.name, guided, ctx)
     assert "hypothetical_passage" not in mia_cli._explain(tiny_collection.name, plain, ctx)
 

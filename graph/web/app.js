@@ -520,11 +520,9 @@ async function renderInspector(run) {
   $("inspector-empty").hidden = true;
   $("inspector-label").textContent = `— ${run.graph}: “${run.question}”`;
   for (const id of ["search-panel", "signature-panel", "strip-panel", "rankings-panel", "steps-panel"]) $(id).replaceChildren();
-  const asked = values.question || run.question;
-  const written = (values.search || "").startsWith(asked) ? values.search.slice(asked.length).trim() : "";
-  if (written) {
+  if (values.hypothesis) {
     $("search-panel").append(el("h3", {}, "Searched with the question and the passage the model wrote for it"),
-      el("p", {class: "muted"}, written));
+      el("p", {class: "muted"}, values.hypothesis));
   }
   let looked = {chunks: {}, summaries: {}, books: {}};
   if (chunkIds.size || summaryIds.size) {
