@@ -30,7 +30,7 @@ from mia import prompts
 from mia.stores.chat import chat_model_name, json_call
 from mia.stores.chunking import is_heading
 from mia.stores.front_matter import find_body
-from mia.stores.summaries import SummaryCache, cache_key, sentence_spans
+from mia.stores.summaries import ABBREVIATED_TITLES, SummaryCache, cache_key, sentence_spans
 from mia.stores.tokens import count_tokens, truncate
 
 NAMES = "names-v1"
@@ -64,7 +64,6 @@ TITLES = frozenset({"Mr", "Mrs", "Ms", "Dr", "St", "Mme", "Mlle", "Messrs", "Mis
                     "King", "Queen", "Duke", "Duchess", "Count", "Countess", "Baron", "Baroness"})
 """Words that make the next capitalised word a name's part ("Mr. Holmes", "Lady Brandon"); never a
 name alone. Abbreviated ones also do not end a sentence."""
-_ABBREVIATED = frozenset({"Mr", "Mrs", "Ms", "Dr", "St", "Mme", "Mlle", "Messrs"})
 JOINERS = frozenset({"de", "du", "da", "di", "del", "della", "des", "la", "le", "of", "van", "von", "der", "den",
                      "ter", "y", "bin", "ibn"})
 """Lower-case words that join capitalised words into one name ("Bank of England", "Vincent van
@@ -83,7 +82,6 @@ _WORD = re.compile(r"[^\W\d_](?:[\w'’-]*[^\W_])?")
 # PREFACE\n\nThe artist ..."), and a quotation starts like one ("he said, “Good morning.”").
 _PARAGRAPH = re.compile(r"\n[ \t]*\r?\n\s*")
 _OPEN_QUOTE = re.compile(r"(?:[“‘]|(?:^|(?<=\s))\")$")
-_ABBREVIATION_END = re.compile(r"(?:\b(?:" + "|".join(_ABBREVIATED) + r")|\b[A-HJ-Z])\.\s*$")
 _RUN_GAP = re.compile(r"[ \t]*\r?\n?[ \t]*")
 _DIALOGUE = re.compile(r"“[^”]*(?:”|$)|\"[^\"]*(?:\"|$)")
 _FIRST = re.compile(r"\b(?:I|[Mm]e|[Mm]y|[Mm]ine|[Mm]yself)\b")
@@ -106,9 +104,8 @@ class NameEntry:
 
 def _sentence_initial(body: str, starts: list[int]) -> set[int]:
     """Indices (into the word list whose starts are ``starts``) of words that begin a sentence, a
-    paragraph or a quotation. :func:`sentence_spans` also splits after "Mr." and "H.", which
-    would make every "Mr. Holmes" a sentence-initial "Holmes": those splits are not starts."""
-    begins = [a for a, _ in sentence_spans(body) if not _ABBREVIATION_END.search(body, max(0, a - 12), a)]
+    paragraph or a quotation."""
+    begins = [a for a, _ in sentence_spans(body)]
     begins += [m.end() for m in _PARAGRAPH.finditer(body)]
     # A sentence span may open with "(", "_" or a quote: its first word is the first one after.
     initial = {bisect_left(starts, a) for a in begins}
@@ -159,11 +156,11 @@ def name_index(text: str, limit: int = 20) -> list[NameEntry]:
 
     def joinable(i: int) -> bool:
         """Only spaces and at most one line break since the previous word (and an abbreviation's dot)."""
-        abbreviation = dotted[i - 1] and (kinds[i - 1] == "initial" or words[i - 1] in _ABBREVIATED)
+        abbreviation = dotted[i - 1] and (kinds[i - 1] == "initial" or words[i - 1] in ABBREVIATED_TITLES)
         return _RUN_GAP.fullmatch(segment, found_words[i - 1].end() + abbreviation, starts[i]) is not None
 
     def label(i: int) -> str:
-        abbreviation = dotted[i] and (kinds[i] == "initial" or words[i] in _ABBREVIATED)
+        abbreviation = dotted[i] and (kinds[i] == "initial" or words[i] in ABBREVIATED_TITLES)
         return words[i] + ("." if abbreviation else "")
 
     found: dict[str, list[int]] = {}

@@ -34,7 +34,7 @@ FREQUENCY_PENALTY = 0.4
 """Each use of a token lowers its next one's odds: the loops a small model falls into fade."""
 DECODING = "grounded-v1"
 """Bump when the decoding or the grounding of LLM summaries changes: part of their cache key."""
-EXTRACTIVE = "extractive-v2"  # bump when the extractive method changes: it is part of the cache key
+EXTRACTIVE = "extractive-v3"  # bump when the extractive method changes: it is part of the cache key
 EXCERPT = "excerpt-v1"  # the same for the excerpt an llm-excerpt summary is written from
 EXCERPT_TOKENS = 800
 """The excerpt's budget: about a fifth of a default window (20 chunks of 200 tokens), so the
@@ -43,13 +43,20 @@ EXCERPT_SCOPE = "(The passage is excerpts of this part, in order; … marks text
 # A sentence ends at . ! ? followed by whitespace (or the end), or at CJK 。！？ (CJK text has no
 # spaces); closing quotes and brackets after the mark belong to the sentence they close.
 _SENTENCE_END = re.compile(r"(?:[.!?][\"'”’)\]]*(?=\s|$)|[。！？][\"'”’」』）)\]]*)")
+ABBREVIATED_TITLES = frozenset({"Mr", "Mrs", "Ms", "Dr", "St", "Mme", "Mlle", "Messrs"})
+"""Titles written with a full stop that ends no sentence: "Mr. Holmes" is one sentence's words."""
+# A full stop after one of them, or after a capital initial ("John H. Watson"; not "I"), goes on.
+_ABBREVIATION_BEFORE = re.compile(r"(?:\b(?:" + "|".join(sorted(ABBREVIATED_TITLES)) + r")|\b[A-HJ-Z])$")
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """``(start, end)`` of each sentence of ``text``, without surrounding whitespace: quoting
-    ``text[start:end]`` quotes the source exactly (extractive summaries, grounded citations)."""
+    ``text[start:end]`` quotes the source exactly (extractive summaries, grounded citations). The
+    full stop of "Mr." or of an initial ends no sentence, so a name is never cut in two."""
     spans, start = [], 0
-    for end in [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]:
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)
+            if not (m.group() == "." and _ABBREVIATION_BEFORE.search(text, max(0, m.start() - 8), m.start()))]
+    for end in ends + [len(text)]:
         piece = text[start:end]
         lead = len(piece) - len(piece.lstrip())
         if piece.strip():

@@ -65,7 +65,7 @@ def test_a_citation_moves_to_the_passage_that_holds_the_answer() -> None:
 def test_an_answer_said_over_neighbouring_sentences_is_quoted_from_all_of_them() -> None:
     """No one sentence says "farmer" and "pears", the first two together do: the quote is that run,
     not a sentence that holds half the answer; a sentence that holds all of it is still preferred,
-    and a splitter's cut after "Mrs." does not split the name the answer gives."""
+    and a sentence that names "Mrs. Cavendish" is quoted whole."""
     score, run = supporting_sentence(CHUNKS[0], "a farmer with pears", "")
     assert run == {"start": 0, "end": 67, "text": BOOK[:67]} and score == (2, 0)
     assert citations("A farmer with pears [1].", CHUNKS, "", "a farmer with pears")[0]["holds_answer"]

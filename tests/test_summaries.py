@@ -48,6 +48,15 @@ def _window(tmp_path: Path) -> list[str]:
     return [" ".join(found[i : i + 3]) for i in range(0, 60, 3)]
 
 
+def test_a_title_or_an_initial_ends_no_sentence() -> None:
+    text = "Mr. John Cavendish came. Dr. Bauerstein left! John H. Watson wrote. It was I. Mrs. Inglethorp said “Go.” Done"
+    assert sentences(text) == ["Mr. John Cavendish came.", "Dr. Bauerstein left!", "John H. Watson wrote.", "It was I.",
+                               "Mrs. Inglethorp said “Go.”", "Done"]
+    # Offsets quote the text exactly, and a title inside a longer word is no title ("HUMMR." ends).
+    assert [text[a:b] for a, b in summ.sentence_spans(text)] == sentences(text)
+    assert sentences("IT WAS THE HUMMR. And then.") == ["IT WAS THE HUMMR.", "And then."]
+
+
 def test_excerpt_keeps_the_windows_sentences_in_order_within_budget(tmp_path: Path, minilm) -> None:
     chunks = _window(tmp_path)
     budget = 300
