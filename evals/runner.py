@@ -70,7 +70,7 @@ SUMMARY_FILE = "summary.json"
 DEFAULT_LENGTH = 32000
 HYBRID_ONLY = frozenset({"bm25_weight", "rrf_k", "bm25_stemming"})
 """Settings read only by hybrid retrieval (``nodes.retrieval.Fusion``)."""
-ADDED_SWITCHES = {"hypothetical_passage": False, "quote_first": False}
+ADDED_SWITCHES = {"hypothetical_passage": False}
 """Switches added after results were cached, with the value that does what the graphs did before
 them: at that value a switch is left out of the fingerprint, so those results stay reusable."""
 

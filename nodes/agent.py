@@ -261,4 +261,4 @@ def generate(state: AgentState, runtime: Runtime[AgentGraphSettings]) -> dict[st
     evidence = [e["fact"] for e in state.get("evidence") or []] if "evi" in ctx.answer_inputs else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature, evidence=evidence, guard=ctx.injection_guard,
-                       cards=cards, quote=ctx.quote_first)
+                       cards=cards)

@@ -24,11 +24,6 @@ FORMAT_RULES: dict[str, str] = {
     "choice": "Answer with the letter of the correct option only.",
     "verify": "Answer TRUE if the claim is supported by the material and FALSE otherwise, with that one word only.",
 }
-QUOTE_RULE = ("First copy, word for word, the one sentence of the material that answers the question, on a line "
-              "'Quote: \"...\" [n]' with its passage number n; then, on the next line, write 'Answer:' and a short "
-              "phrase of a few words. If the material does not contain the answer, write 'Answer:' and say so briefly.")
-"""The open format under ``quote_first``: a small reader that must first find the sentence reads it
-before it answers, instead of answering from a name it saw nearby."""
 NO_RELIABLE_ANSWER = "The passages give no reliable answer: the only matching text reads as an instruction, not as content."
 NOTHING_FOUND = "Nothing found: the source was read, and nothing in it was kept as relevant to the question."
 _CITE = re.compile(r"\[(\d{1,3})\]")
@@ -142,11 +137,11 @@ BOOK_NOTE = " A card describing each book as a whole (narrator, main characters,
 
 def answer_messages(question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
                     options: Sequence[str] = (), signature: Sequence[str] = (), evidence: Sequence[str] = (),
-                    guard: bool = True, cards: Sequence[dict[str, str]] = (), quote: bool = False) -> list[BaseMessage]:
+                    guard: bool = True, cards: Sequence[dict[str, str]] = ()) -> list[BaseMessage]:
     option_text = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options[: len(LETTERS)]))
     return prompts.messages(
         "answer",
-        format_rule=QUOTE_RULE if quote and fmt == "open" else FORMAT_RULES[fmt],
+        format_rule=FORMAT_RULES[fmt],
         book_note=BOOK_NOTE if cards else "",
         memory=memory_block(signature, evidence, guard, cards),
         passages=passages_block(chunks, guard),
@@ -249,35 +244,12 @@ def _with_markers(phrase: str, numbers: Sequence[str | int]) -> str:
     return f"{phrase} " + "".join(f"[{n}]" for n in dict.fromkeys(numbers))
 
 
-_ANSWER_LINE = re.compile(r"^[\W_]*answer[\W_]*:[\s*_]*", flags=re.IGNORECASE | re.MULTILINE)
-_QUOTE_LINE = re.compile(r"^[\W_]*quote[\W_]*:.*$", flags=re.IGNORECASE | re.MULTILINE)
-
-
-def unquoted(reply: str) -> str:
-    """The answer of a ``QUOTE_RULE`` reply, with its citation markers: what follows its first
-    "Answer:" up to any next label, carrying the quote's [n] when it cites none itself. A reply
-    that skipped the answer line is its text without the "Quote:" line, or the quote itself when
-    that is all it says (the sentence it found is the best answer it gave)."""
-    found = _ANSWER_LINE.search(reply)
-    quote, answer = ((reply[:found.start()], _QUOTE_LINE.sub("", _ANSWER_LINE.split(reply[found.end():])[0])) if found
-                     else (reply, _QUOTE_LINE.sub("", reply)))
-    answer = answer.strip()
-    if not _CITE.sub("", answer).strip(" .\n\"'*"):
-        answer = re.sub(r"^[\W_]*quote[\W_]*:", "", quote.strip(), flags=re.IGNORECASE).strip()
-    markers = _CITE.findall(answer) or _CITE.findall(quote)
-    phrase = _CITE.sub("", answer).strip().strip('"“”').strip()
-    return _with_markers(phrase, markers).strip() if markers else phrase
-
-
 def _ask(llm: BaseChatModel, messages: list[BaseMessage], fmt: AnswerFormat, question: str,
-         node: str, quote: bool = False) -> tuple[str, str | None, dict[str, Any]]:
+         node: str) -> tuple[str, str | None, dict[str, Any]]:
     """One answer: (the reply with [n] markers, its message id, usage). An open reply is cut with
-    ``trimmed``, which costs no model call and keeps the reply's citation markers; a quote-first
-    reply is first cut to its answer (``unquoted``)."""
+    ``trimmed``, which costs no model call and keeps the reply's citation markers."""
     raw = llm.invoke(messages)
     text, usage = raw.text.strip(), usage_of(raw, node)
-    if quote and fmt == "open":
-        text = unquoted(text)
     said = normalise_answer(text, fmt)
     if fmt == "open" and (short := trimmed(said, question)) != said:
         text = _with_markers(short, _CITE.findall(text))
@@ -445,18 +417,16 @@ def without_material(answer: str) -> dict[str, Any]:
 
 def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]], fmt: AnswerFormat,
              options: Sequence[str] = (), signature: Sequence[dict[str, Any]] = (), evidence: Sequence[str] = (),
-             node: str = "generate", guard: bool = True, cards: Sequence[dict[str, str]] = (),
-             quote: bool = False) -> dict[str, Any]:
+             node: str = "generate", guard: bool = True, cards: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     """Answer and the state update every graph's final node returns.
 
     With ``guard``, an open answer traced to an instruction in the material (``injection.planted``)
     is rejected: the model answers once more without the suspect sentences, and if that answer is
     traced too, the reply says no reliable answer was found. Clean material never pays the retry.
-    ``quote`` asks an open answer in the ``QUOTE_RULE`` format (``quote_first``).
     """
     lines = signature_lines(signature)
-    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, lines, evidence, guard, cards, quote),
-                                   fmt, question, node, quote)
+    text, message_id, usage = _ask(llm, answer_messages(question, chunks, fmt, options, lines, evidence, guard, cards),
+                                   fmt, question, node)
     answer = normalise_answer(text, fmt, len(options))
     report: dict[str, Any] = {"removed": removed_spans(chunks)} if guard else {}
     material = [c["text"] for c in chunks] + lines + [c["text"] for c in cards]  # the source's text, not the model's notes
@@ -466,8 +436,7 @@ def generate(llm: BaseChatModel, question: str, chunks: Sequence[dict[str, Any]]
         stripped = [{**c, "text": injection.strip_suspect(c["text"], trace)} for c, trace in zip(chunks, known)]
         text, message_id, retry_usage = _ask(
             llm, answer_messages(question, stripped, fmt, options, [injection.strip_suspect(t) for t in lines], evidence,
-                                 guard, [{**c, "text": injection.strip_suspect(c["text"])} for c in cards], quote),
-            fmt, question, node, quote)
+                                 guard, [{**c, "text": injection.strip_suspect(c["text"])} for c in cards]), fmt, question, node)
         usage = merge_usage(usage, retry_usage)
         answer = normalise_answer(text, fmt, len(options))
         if injection.planted(answer, material, (question,), known):

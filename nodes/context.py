@@ -151,10 +151,6 @@ class CommonSettings(GraphSettings):
         "open", "Shape of the answer: open (a short phrase), choice (an option's letter) or verify (TRUE or FALSE); "
         "match it to the questions."
     )
-    quote_first: bool = _setting(
-        False, "Open answers: the model first copies the sentence of the material that answers, then answers in a few "
-        "words from it; a closer reading for a longer reply.", only_when=("answer_format", ("open",))
-    )
     injection_guard: bool = _setting(
         True, "Cut instructions planted in documents out of every prompt and refuse answers traced to them. Turn off "
         "only to ask about such text itself."

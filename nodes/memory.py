@@ -181,8 +181,7 @@ def answer(state: MemoryState, runtime: Runtime[StreamingGraphSettings]) -> dict
     if not memory.strip() and ctx.answer_format == "open":
         return without_material(NOTHING_FOUND)
     return generate(resources.chat_model(ctx), state["question"], [], ctx.answer_format,
-                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard,
-                    quote=ctx.quote_first)
+                    options_for(state, ctx), evidence=[memory] if memory else [], node="answer", guard=ctx.injection_guard)
 
 
 # ---- memagent ----------------------------------------------------------------------------------

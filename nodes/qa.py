@@ -72,5 +72,5 @@ def _answer(state: QAState, ctx: RagSettings | MiaRagSettings, with_signature: b
     signature = signature_units(store, sig_ids) if sig_ids else []
     return answer_with(resources.chat_model(ctx), state["question"], chunks, ctx.answer_format,
                        options_for(state, ctx), signature=signature, guard=ctx.injection_guard,
-                       cards=cards, quote=ctx.quote_first)
+                       cards=cards)
 
