@@ -35,7 +35,7 @@ from mia.stores.commits import Commits
 from mia.stores.mindscape import Mindscape
 from mia.stores.ingest.story import SESSIONS_PER_PART
 from mia.stores.units import WHOLE_BOOK_LEVELS, Level, book_unit_id, level_of, part_id
-from mia.stores.summaries import SummaryCache
+from mia.stores.summaries import EXTRACTIVE, SummaryCache
 from mia.stores.tokens import count_tokens
 from tests.conftest import TINY_CHUNK_SIZE, TINY_WINDOW, requires_data, write_stories
 
@@ -233,7 +233,7 @@ def test_extractive_summaries_quote_their_own_window(tiny_collection) -> None:
     assert got["ids"]
     for text, meta in zip(got["documents"], got["metadatas"]):
         window = tiny_collection.texts[meta["book"]][meta["start"] : meta["end"]]
-        assert meta["method"] == "extractive-v2:all-MiniLM-L6-v2"
+        assert meta["method"] == f"{EXTRACTIVE}:all-MiniLM-L6-v2"
         for part in text.split(" … "):
             assert " ".join(part.split()) in " ".join(window.split())
 
