@@ -58,12 +58,12 @@ SUMMARY_PIECE_TOKENS = 200
 REPLY_TOKENS = 450
 """The reply's bound; the schema's length limits keep a complete card under it."""
 
-TITLES = frozenset({"Mr", "Mrs", "Ms", "Dr", "St", "Mme", "Mlle", "Messrs", "Miss", "Lord", "Lady", "Sir",
-                    "Madame", "Monsieur", "Mademoiselle", "Captain", "Colonel", "Major", "General",
-                    "Inspector", "Professor", "Doctor", "Father", "Aunt", "Uncle", "Prince", "Princess",
-                    "King", "Queen", "Duke", "Duchess", "Count", "Countess", "Baron", "Baroness"})
+TITLES = ABBREVIATED_TITLES | frozenset({
+    "Miss", "Lord", "Lady", "Sir", "Madame", "Monsieur", "Mademoiselle", "Captain", "Colonel", "Major", "General",
+    "Inspector", "Professor", "Doctor", "Father", "Aunt", "Uncle", "Prince", "Princess", "King", "Queen", "Duke",
+    "Duchess", "Count", "Countess", "Baron", "Baroness"})
 """Words that make the next capitalised word a name's part ("Mr. Holmes", "Lady Brandon"); never a
-name alone. Abbreviated ones also do not end a sentence."""
+name alone. The abbreviated ones come from the sentence splitter, which lets their full stop go on."""
 JOINERS = frozenset({"de", "du", "da", "di", "del", "della", "des", "la", "le", "of", "van", "von", "der", "den",
                      "ter", "y", "bin", "ibn"})
 """Lower-case words that join capitalised words into one name ("Bank of England", "Vincent van
